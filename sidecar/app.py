@@ -1,0 +1,162 @@
+"""Wiring: one store, one elector, two listeners, the demotion actions, and an orderly exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sidecar.api import create_local_app, create_public_app
+from sidecar.backends import open_store
+from sidecar.backends.base import LeaseStore
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.config import Config, HostPort
+from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
+from sidecar.elector import Elector, GapAlert
+from sidecar.logs import log
+from sidecar.metrics import Metrics
+
+logger = logging.getLogger("sidecar")
+
+SHUTDOWN_BUDGET = 1.5  # SIGTERM → exit within 2 s, with room for the interpreter to exit
+
+
+class Sidecar:
+    """Start with `start`, stop with `stop`; `wait` returns when the election task ends."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: LeaseStore | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.store = store or open_store(config)
+        self.registry = registry or CollectorRegistry()
+        self.metrics = Metrics(self.registry, config.lease_ref, config.timing.lease_duration)
+        self.elector = Elector(
+            self.store,
+            config.timing,
+            config.identity,
+            config.lease_ref,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        actions, self._gap_listener = self._store_actions()
+        self.actions = ActionRunner([*actions, *self._app_actions()])
+        self.elector.on_transition(self.actions.submit)
+        if self._gap_listener is not None:
+            self.elector.on_gap_alert(self._on_gap_alert)
+        self._runners: list[web.AppRunner] = []
+        self._election: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.addresses: dict[str, HostPort] = {}
+
+    def _store_actions(
+        self,
+    ) -> tuple[list[Action], Callable[[GapAlert], Awaitable[None]] | None]:
+        """What only a store can do: on Kubernetes, relabel pods and record Events."""
+        if self.config.store != "kubernetes":
+            return [], None
+        from sidecar.backends.kubernetes import demotion_actions, gap_alert_listener
+
+        return demotion_actions(self.config, self.store), gap_alert_listener(
+            self.config, self.store
+        )
+
+    def _app_actions(self) -> list[Action]:
+        """What every store does: tell the app by webhook, then by signal."""
+        actions: list[Action] = []
+        if self.config.webhook_url:
+            actions.append(
+                Webhook(
+                    self.config.webhook_url,
+                    self.config.webhook_timeout,
+                    self.config.webhook_retries,
+                )
+            )
+        if self.config.signal_process:
+            actions.append(SignalApp(self.config.signal_process, self.config.signal))
+        return actions
+
+    def _on_gap_alert(self, alert: GapAlert) -> None:
+        assert self._gap_listener is not None
+        self._spawn(self._gap_listener(alert), "gap-alert")
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        async def run() -> None:
+            await work
+
+        task = asyncio.create_task(run(), name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def election_alive(self) -> bool:
+        return self._election is not None and not self._election.done()
+
+    async def start(self) -> None:
+        log(
+            logger,
+            "info",
+            "starting",
+            store=self.store.description,
+            lease=self.config.lease_ref,
+            identity=self.config.identity,
+            lease_duration=self.config.timing.lease_duration,
+            renew_interval=self.config.timing.renew_interval,
+            retry_period=self.config.timing.retry_period,
+            request_timeout=self.config.timing.request_timeout,
+        )
+        local = create_local_app(self.elector)
+        public = create_public_app(self.elector, self.registry, self.election_alive)
+        for name, app, where in (
+            ("local", local, self.config.listen),
+            ("public", public, self.config.public_listen),
+        ):
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+            await runner.setup()
+            self._runners.append(runner)
+            site = web.TCPSite(runner, where.host, where.port)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            port = sockets[0].getsockname()[1] if sockets else where.port
+            self.addresses[name] = HostPort(where.host, port)
+            log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
+        self._election = asyncio.create_task(self.elector.run(), name="election")
+        self._spawn(self.actions.run(), "demotion-actions")
+
+    async def wait(self) -> None:
+        assert self._election is not None
+        await asyncio.wait([self._election])
+
+    async def stop(self) -> None:
+        """Demote, release, let the demotion actions finish, close — within the budget."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_BUDGET
+        election = self._election
+        if election is not None:
+            crashed = election.done() and not election.cancelled() and election.exception()
+            if crashed:
+                log(logger, "error", "the election task failed", error=repr(crashed))
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await election
+        released = await self.elector.release(
+            "shutdown",
+            timeout=max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
+        )
+        await self.actions.drain(max(0.05, deadline - loop.time() - 0.3))
+        background = list(self._background)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        for runner in self._runners:
+            await runner.cleanup()
+        await self.store.close()
+        log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)

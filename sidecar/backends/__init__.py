@@ -1,0 +1,29 @@
+"""Lease stores. `base` is the contract; one module per store. A store's client library is
+imported only when that store is chosen, so the embedded path stays light."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sidecar.backends.base import LeaseStore
+    from sidecar.config import Config
+
+
+def open_store(config: Config) -> LeaseStore:
+    scheme = config.store_scheme
+    if scheme == "sqlite":
+        from sidecar.backends.sqlite import SQLiteLeaseStore, sqlite_path
+
+        return SQLiteLeaseStore(
+            sqlite_path(config.store), config.lease, busy_timeout=config.timing.request_timeout
+        )
+    if scheme in ("redis", "rediss", "redis+sentinel"):
+        from sidecar.backends.redis import open_redis_store
+
+        return open_redis_store(config)
+    if scheme == "kubernetes":
+        from sidecar.backends.kubernetes import open_kubernetes_store
+
+        return open_kubernetes_store(config)
+    raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this

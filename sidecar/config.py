@@ -1,0 +1,573 @@
+"""Configuration: every flag, its ``LEADER_SIDECAR_*`` environment variable, parsing and
+validation. Anything wrong stops the sidecar at start-up with exit status 2 and one line that
+names the flag (or variable), the value and what is allowed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import secrets
+import socket
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+ENV_PREFIX = "LEADER_SIDECAR_"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+# Rate drift a deadline allows between our monotonic clock and the store's (NTP slews at most
+# 0.05 %; one per cent leaves room for a badly disciplined VM clock).
+CLOCK_DRIFT = 0.01
+
+
+class ConfigError(Exception):
+    """A bad setting. ``str()`` is the one line printed before exiting with status 2."""
+
+    def __init__(self, source: str, value: object, allowed: str) -> None:
+        super().__init__(f"{source}={value!s}: {allowed}")
+
+
+# -- value parsers: each raises ValueError whose message says what is allowed ----------------
+
+_DURATION = re.compile(r"^\s*(?P<sign>-?)(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
+_UNIT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_HELP = "must be a positive duration such as 15, 1.5, 1500ms, 2s or 1m"
+
+
+def parse_duration(text: str) -> float:
+    """``1.5`` / ``1500ms`` / ``2s`` / ``1m`` / ``1h`` → seconds (> 0)."""
+    match = _DURATION.match(text)
+    if not match or match["sign"]:
+        raise ValueError(_DURATION_HELP)
+    seconds = float(match["num"]) * _UNIT[match["unit"]]
+    if seconds <= 0:
+        raise ValueError(_DURATION_HELP)
+    return seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(text: str) -> HostPort:
+    allowed = "must be HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:4040 or [::1]:4040"
+    match = re.fullmatch(
+        r"\[(?P<v6>[0-9a-fA-F:.]+)\]:(?P<p1>\d+)|(?P<host>[^:\[\]\s]+):(?P<p2>\d+)", text
+    )
+    if not match:
+        raise ValueError(allowed)
+    port = int(match["p1"] or match["p2"])
+    if not 0 <= port <= 65535:
+        raise ValueError(allowed)
+    return HostPort(match["v6"] or match["host"], port)
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def parse_count(text: str) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", text):
+        raise ValueError("must be a whole number, 0 or more")
+    return int(text)
+
+
+def parse_name(text: str) -> str:
+    # A Kubernetes object name (DNS subdomain) is the strictest of our stores; one rule for all
+    # keeps a lease portable between stores.
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", text):
+        raise ValueError(
+            "must be a lowercase DNS name: a-z, 0-9, '-' and '.', starting and ending "
+            "alphanumeric, at most 253 characters"
+        )
+    return text
+
+
+def parse_identity(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,190}", text):
+        raise ValueError("must be 1-191 characters from A-Z a-z 0-9 - _ . starting alphanumeric")
+    return text
+
+
+def parse_text(text: str) -> str:
+    return text
+
+
+def parse_url(text: str) -> str:
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8080/leader")
+    return text
+
+
+def parse_signal(text: str) -> str:
+    import signal
+
+    name = text.strip().upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    if not isinstance(getattr(signal, name, None), signal.Signals):
+        raise ValueError("must be a signal name such as SIGTERM, SIGUSR1 or HUP")
+    return name
+
+
+STORE_SCHEMES = ("kubernetes", "sqlite", "redis", "rediss", "redis+sentinel")
+_STORE_HELP = (
+    "must be kubernetes, sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+    "redis://[user:password@]host:port/db, rediss://... or "
+    "redis+sentinel://host:port[,host:port]/master-name[/db]"
+)
+
+
+def parse_store(text: str) -> str:
+    value = text.strip()
+    if value == "kubernetes":
+        return value
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        port_ok = all(_port_ok(hp) for hp in parsed.netloc.rpartition("@")[2].split(",") if hp)
+    except ValueError:
+        raise ValueError(_STORE_HELP) from None
+    if parsed.scheme == "sqlite":
+        from sidecar.backends.sqlite import sqlite_path
+
+        path = Path(sqlite_path(value))
+        if not path.parent.is_dir():
+            raise ValueError(
+                f"the directory {path.parent} does not exist; create it or pick another path"
+            )
+        if not os.access(path.parent, os.W_OK):
+            raise ValueError(f"the directory {path.parent} is not writable by this user")
+        return value
+    if parsed.scheme in ("redis", "rediss", "redis+sentinel") and parsed.netloc and port_ok:
+        if parsed.scheme == "redis+sentinel" and not parsed.path.strip("/"):
+            raise ValueError(
+                "a redis+sentinel:// URL needs the master name as its path: " + _STORE_HELP
+            )
+        return value
+    raise ValueError(_STORE_HELP)
+
+
+def _port_ok(host_port: str) -> bool:
+    host, _, port = host_port.rpartition(":")
+    if not host:
+        return True  # no port: the scheme's default
+    return port.isdigit() and 0 < int(port) <= 65535
+
+
+# -- the option table -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    flag: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--store",
+        parse_store,
+        "where the lease lives: kubernetes, sqlite:///PATH, redis://…, "
+        "rediss://…, redis+sentinel://… (default: kubernetes in a cluster, else "
+        "sqlite:///./leader-sidecar.db)",
+        "URL",
+    ),
+    Option("--lease", parse_name, "lease name (required in a cluster; default 'default')", "NAME"),
+    Option(
+        "--namespace",
+        parse_name,
+        "Kubernetes namespace of the Lease (default: POD_NAMESPACE, "
+        "the service account's namespace, else 'default')",
+        "NS",
+    ),
+    Option(
+        "--identity",
+        parse_identity,
+        "identity prefix; a random suffix is always added (default: POD_NAME, else the hostname)",
+        "ID",
+    ),
+    Option("--lease-duration", parse_duration, "how long a grant lasts (default 15s)", "DURATION"),
+    Option(
+        "--renew-interval",
+        parse_duration,
+        "how often the leader renews (default lease/3)",
+        "DURATION",
+    ),
+    Option(
+        "--retry-period",
+        parse_duration,
+        "follower retry period after errors, jittered "
+        "(default 2s, or the renew interval if shorter)",
+        "DURATION",
+    ),
+    Option(
+        "--request-timeout",
+        parse_duration,
+        "timeout of one store request (default: half the renew interval, at most 5s)",
+        "DURATION",
+    ),
+    Option("--listen", parse_host_port, "localhost API (default 127.0.0.1:4040)", "HOST:PORT"),
+    Option(
+        "--public-listen", parse_host_port, "metrics and probes (default 0.0.0.0:4041)", "HOST:PORT"
+    ),
+    Option("--log-format", parse_choice("json", "text"), "json or text (default json)", "FORMAT"),
+    Option(
+        "--log-level",
+        parse_choice("debug", "info", "warning", "error"),
+        "debug, info, warning or error (default info)",
+        "LEVEL",
+    ),
+    # Demotion actions (every store).
+    Option(
+        "--pod-name", parse_name, "this pod's name, for its role label (default POD_NAME)", "NAME"
+    ),
+    Option(
+        "--role-label-key",
+        parse_text,
+        "pod label set to leader|follower on Kubernetes "
+        "(default leader-sidecar/role; empty disables labelling)",
+        "KEY",
+    ),
+    Option("--webhook-url", parse_url, "POST the state as JSON here on every transition", "URL"),
+    Option(
+        "--webhook-timeout", parse_duration, "timeout of one webhook call (default 2s)", "DURATION"
+    ),
+    Option(
+        "--webhook-retries", parse_count, "webhook retries after the first try (default 3)", "N"
+    ),
+    Option(
+        "--signal-process",
+        parse_text,
+        "send --signal to processes with this name when "
+        "this replica stops leading (needs shareProcessNamespace)",
+        "NAME",
+    ),
+    Option("--signal", parse_signal, "signal for --signal-process (default SIGTERM)", "SIG"),
+    # Kubernetes.
+    Option(
+        "--kubeconfig",
+        parse_text,
+        "kubeconfig file outside a cluster (default KUBECONFIG, else in-cluster service account)",
+        "PATH",
+    ),
+    # Redis.
+    Option("--redis-username", parse_text, "Redis ACL user (overrides the URL's)", "USER"),
+    Option(
+        "--redis-password",
+        parse_text,
+        "Redis password (overrides the URL's; prefer the environment variable)",
+        "PASSWORD",
+    ),
+    Option(
+        "--redis-ca-file",
+        parse_text,
+        "CA bundle that signs the Redis server certificate (rediss://)",
+        "PATH",
+    ),
+    Option("--redis-cert-file", parse_text, "client certificate for Redis TLS", "PATH"),
+    Option("--redis-key-file", parse_text, "client key for Redis TLS", "PATH"),
+    Option(
+        "--redis-min-replicas",
+        parse_count,
+        "a grant counts only after this many replicas acknowledged it (WAIT); default 0",
+        "N",
+    ),
+)
+
+
+# -- the result -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Lease timing, validated on construction (like client-go's constructor)."""
+
+    lease_duration: float = 15.0
+    renew_interval: float = 5.0
+    retry_period: float = 2.0
+    request_timeout: float = 2.5
+
+    @property
+    def safety_margin(self) -> float:
+        """Subtracted from every deadline: one request timeout plus clock-rate drift."""
+        return self.request_timeout + CLOCK_DRIFT * self.lease_duration
+
+    @property
+    def max_renew_interval(self) -> float:
+        """Longest renew interval that still leaves one interval of margin after a failed
+        renewal: lease - safety margin >= 2 * renew interval."""
+        return (self.lease_duration - self.safety_margin) / 2
+
+    @classmethod
+    def build(
+        cls,
+        lease_duration: float = 15.0,
+        renew_interval: float | None = None,
+        retry_period: float | None = None,
+        request_timeout: float | None = None,
+    ) -> Timing:
+        """Fill in the defaults that derive from the lease, then validate."""
+        renew = renew_interval if renew_interval is not None else lease_duration / 3
+        retry = retry_period if retry_period is not None else min(2.0, renew)
+        timeout = request_timeout if request_timeout is not None else min(renew / 2, 5.0)
+        timing = cls(lease_duration, renew, retry, timeout)
+        timing.validate()
+        return timing
+
+    def validate(self) -> None:
+        for flag, value in (
+            ("--lease-duration", self.lease_duration),
+            ("--renew-interval", self.renew_interval),
+            ("--retry-period", self.retry_period),
+            ("--request-timeout", self.request_timeout),
+        ):
+            if not value > 0:
+                raise ConfigError(flag, _fmt(value), _DURATION_HELP)
+        if self.request_timeout >= self.renew_interval:
+            raise ConfigError(
+                "--request-timeout",
+                _fmt(self.request_timeout),
+                f"must be shorter than the renew interval ({_fmt(self.renew_interval)}) so a "
+                "hung request cannot swallow a renewal",
+            )
+        if self.renew_interval > self.max_renew_interval:
+            raise ConfigError(
+                "--renew-interval",
+                _fmt(self.renew_interval),
+                f"leaves less than one renew interval of margin before the "
+                f"{_fmt(self.lease_duration)} lease runs out (less the {_fmt(self.safety_margin)} "
+                f"safety margin: request timeout + clock drift); use at most "
+                f"{_fmt(self.max_renew_interval)} or a longer --lease-duration",
+            )
+        if self.retry_period >= self.lease_duration:
+            raise ConfigError(
+                "--retry-period",
+                _fmt(self.retry_period),
+                f"must be shorter than the lease ({_fmt(self.lease_duration)})",
+            )
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    store: str
+    lease: str
+    namespace: str
+    identity: str
+    timing: Timing
+    listen: HostPort
+    public_listen: HostPort
+    log_format: str = "json"
+    log_level: str = "info"
+    pod_name: str | None = None
+    role_label_key: str = "leader-sidecar/role"
+    webhook_url: str | None = None
+    webhook_timeout: float = 2.0
+    webhook_retries: int = 3
+    signal_process: str | None = None
+    signal: str = "SIGTERM"
+    kubeconfig: str | None = None
+    redis_username: str | None = None
+    redis_password: str | None = dataclasses.field(default=None, repr=False)
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
+    redis_min_replicas: int = 0
+
+    @property
+    def lease_ref(self) -> str:
+        """The lease as users name it: ``namespace/name`` on Kubernetes, else the name."""
+        return f"{self.namespace}/{self.lease}" if self.store == "kubernetes" else self.lease
+
+    @property
+    def store_scheme(self) -> str:
+        return self.store.partition(":")[0]
+
+
+# -- building it ------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="leader-sidecar",
+        description="Leader election next to your app: one lease, one leader, a fencing term "
+        "on localhost. Every flag can also be set as LEADER_SIDECAR_<FLAG>, e.g. "
+        "LEADER_SIDECAR_LEASE_DURATION=10s.",
+    )
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            metavar=option.metavar,
+            default=None,
+            help=f"{option.help} [env {option.env}]",
+        )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("leader-sidecar")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def in_cluster(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Flags win over ``LEADER_SIDECAR_*`` variables, which win over defaults.
+    Raises `ConfigError`; argparse itself exits 2 on unknown flags."""
+    environ = os.environ if environ is None else environ
+    args = vars(build_parser().parse_args(argv))
+    _refuse_unknown_env(environ)
+
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw, source = args[option.dest], option.flag
+        if raw is None and option.env in environ:
+            raw, source = environ[option.env], option.env
+        if raw is None:
+            continue
+        try:
+            values[option.dest] = option.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(source, raw, str(exc)) from None
+
+    cluster = in_cluster(environ)
+    store = values.get("store") or ("kubernetes" if cluster else "sqlite:///./leader-sidecar.db")
+    if store == "sqlite:///./leader-sidecar.db":
+        parse_store(store)  # the default path must be writable too
+    lease = values.get("lease")
+    if lease is None:
+        if store == "kubernetes":
+            raise ConfigError(
+                "--lease",
+                "",
+                "is required with the kubernetes store: the name of "
+                "the Lease object, e.g. --lease my-app",
+            )
+        lease = "default"
+
+    timing = Timing.build(
+        values.get("lease_duration", 15.0),
+        values.get("renew_interval"),
+        values.get("retry_period"),
+        values.get("request_timeout"),
+    )
+    listen = values.get("listen", HostPort("127.0.0.1", 4040))
+    public_listen = values.get("public_listen", HostPort("0.0.0.0", 4041))
+    if listen.port and listen.port == public_listen.port and _same_host(listen, public_listen):
+        raise ConfigError("--public-listen", public_listen, f"must differ from --listen ({listen})")
+
+    pod_name = values.get("pod_name") or environ.get("POD_NAME") or None
+    prefix = values.get("identity") or pod_name or _hostname_prefix()
+    for dest in ("redis_cert_file", "redis_key_file", "redis_ca_file", "kubeconfig"):
+        path = values.get(dest)
+        if path and not Path(path).is_file():
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(flag, path, "no such file; give the path of a readable file")
+    if bool(values.get("redis_cert_file")) != bool(values.get("redis_key_file")):
+        raise ConfigError(
+            "--redis-key-file",
+            values.get("redis_key_file") or "",
+            "--redis-cert-file and --redis-key-file go together; give both or neither",
+        )
+    if values.get("redis_min_replicas") and not store.startswith(("redis", "rediss")):
+        raise ConfigError(
+            "--redis-min-replicas", values["redis_min_replicas"], "only applies to a redis store"
+        )
+
+    return Config(
+        store=store,
+        lease=lease,
+        namespace=values.get("namespace") or _namespace(environ),
+        identity=f"{prefix}_{secrets.token_hex(4)}",
+        timing=timing,
+        listen=listen,
+        public_listen=public_listen,
+        log_format=values.get("log_format", "json"),
+        log_level=values.get("log_level", "info"),
+        pod_name=pod_name,
+        role_label_key=values.get("role_label_key", "leader-sidecar/role"),
+        webhook_url=values.get("webhook_url"),
+        webhook_timeout=values.get("webhook_timeout", 2.0),
+        webhook_retries=values.get("webhook_retries", 3),
+        signal_process=values.get("signal_process") or None,
+        signal=values.get("signal", "SIGTERM"),
+        kubeconfig=values.get("kubeconfig") or environ.get("KUBECONFIG") or None,
+        redis_username=values.get("redis_username"),
+        redis_password=values.get("redis_password"),
+        redis_ca_file=values.get("redis_ca_file"),
+        redis_cert_file=values.get("redis_cert_file"),
+        redis_key_file=values.get("redis_key_file"),
+        redis_min_replicas=values.get("redis_min_replicas", 0),
+    )
+
+
+def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
+    """A misspelt variable would otherwise be ignored in silence, e.g. a lease of 15s instead
+    of the 60s someone believes they set."""
+    known = {option.env for option in OPTIONS}
+    for name in environ:
+        if name.startswith(ENV_PREFIX) and name not in known:
+            import difflib
+
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "see --help for the variables"
+            raise ConfigError(name, environ[name], f"unknown setting; {hint}")
+
+
+def _same_host(a: HostPort, b: HostPort) -> bool:
+    wildcard = {"0.0.0.0", "::", ""}
+    return a.host == b.host or a.host in wildcard or b.host in wildcard
+
+
+def _namespace(environ: Mapping[str, str]) -> str:
+    if environ.get("POD_NAMESPACE"):
+        return environ["POD_NAMESPACE"]
+    try:
+        return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _hostname_prefix() -> str:
+    cleaned = re.sub(r"[^-A-Za-z0-9_.]", "-", socket.gethostname()).strip("-_.")
+    return cleaned[:150] or "leader-sidecar"

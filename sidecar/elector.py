@@ -1,0 +1,544 @@
+"""The elector: one replica's follower/leader state machine over a `LeaseStore`.
+
+It imports only the backend interface. The safety rules of DESIGN.md live here as follows:
+
+* Rule 3 — `valid_until` is the monotonic time at which the last successful acquire/renew was
+  *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says.
+* Rule 4 — `status()` compares the clock with `valid_until` on every call; no cached flag.
+* Rule 5 — the highest term ever observed is passed to every acquire as ``min_term``, and a
+  grant whose term does not exceed it is refused.
+* Rule 7 — `release()` demotes locally first, then releases conditionally.
+
+Rules 1 and 2 are the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix
+(see `sidecar.config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import hashlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sidecar.backends.base import (
+    Conflict,
+    LeaseHeld,
+    LeaseRecord,
+    LeaseStore,
+    NotOwned,
+    StoreError,
+    StoreUnavailable,
+)
+from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
+from sidecar.config import Timing
+from sidecar.logs import log
+from sidecar.metrics import Metrics
+
+T = TypeVar("T")
+logger = logging.getLogger("sidecar.elector")
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    LEADER = "leader"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderStatus:
+    """What ``GET /leader`` answers, computed at the moment of the request."""
+
+    leader: bool
+    identity: str
+    holder: str | None
+    term: int
+    lease: str
+    lease_duration: float
+    valid_for: float
+    since: datetime | None
+
+    @property
+    def etag(self) -> str:
+        """Changes exactly when the leader flag, the holder or the term changes."""
+        key = f"{int(self.leader)}|{self.holder or ''}|{self.term}".encode()
+        return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "leader": self.leader,
+            "identity": self.identity,
+            "holder": self.holder,
+            "term": self.term,
+            "lease": self.lease,
+            "lease_duration_seconds": self.lease_duration,
+            "valid_for_seconds": round(self.valid_for, 3),
+            "since": iso_utc(self.since),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A role change, handed to the demotion actions."""
+
+    role: Role
+    reason: str  # acquired | lost | deadline | released | shutdown
+    status: LeaderStatus
+    previous_holder: str | None  # who held the lease before we took it (acquired only)
+
+
+@dataclasses.dataclass(frozen=True)
+class GapAlert:
+    """A renewal gap past half the lease: finished (``growing`` False) or still growing."""
+
+    gap: float
+    lease_duration: float
+    growing: bool
+    last_error: str | None
+    status: LeaderStatus
+
+
+class Elector:
+    def __init__(
+        self,
+        store: LeaseStore,
+        timing: Timing,
+        identity: str,
+        lease: str,
+        *,
+        metrics: Metrics,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.timing = timing
+        self.identity = identity
+        self.lease = lease
+        self.metrics = metrics
+        self._clock = clock
+        self._rng = rng or random.Random()
+
+        self._role = Role.FOLLOWER
+        self._term = 0  # term of our own grant while leading
+        self._valid_until = float("-inf")
+        self._last_renewal_sent = float("-inf")
+        self._high_water = 0  # highest term ever observed (rule 5)
+        self._observed: LeaseRecord | None = None
+        self._role_since = clock.wall()
+        self._next_attempt = clock.now()
+        self._hold_off_until = float("-inf")
+        self._gap_alerted = False
+        self._last_error: str | None = None
+        self._last_store_answer = float("-inf")
+        self._free_seen_by_watch = False
+
+        self._lock = asyncio.Lock()  # one store mutation at a time
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._published_etag = ""
+        self._transition_listeners: list[Callable[[Transition], None]] = []
+        self._gap_listeners: list[Callable[[GapAlert], None]] = []
+        metrics.bind(self.is_leader, self._seconds_since_renewal)
+
+    # -- what the API reads -------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        """Rule 4: judged now, against the deadline, never from a cached flag."""
+        return self._role is Role.LEADER and self._clock.now() < self._valid_until
+
+    def status(self) -> LeaderStatus:
+        now = self._clock.now()
+        leading = self._role is Role.LEADER and now < self._valid_until
+        if self._role is Role.LEADER:
+            holder: str | None = self.identity
+            term = self._term
+        else:
+            holder = self._observed.holder if self._observed else None
+            term = self._observed.term if self._observed else self._high_water
+        return LeaderStatus(
+            leader=leading,
+            identity=self.identity,
+            holder=holder,
+            term=term,
+            lease=self.lease,
+            lease_duration=self.timing.lease_duration,
+            valid_for=max(0.0, self._valid_until - now) if leading else 0.0,
+            since=self._role_since,
+        )
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def high_water(self) -> int:
+        return self._high_water
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    def store_answered_within(self, seconds: float) -> bool:
+        """For ``/readyz``: did the store answer (any answer) recently?"""
+        return self._clock.now() - self._last_store_answer <= seconds
+
+    async def wait_for_change(self, etag: str, timeout: float) -> LeaderStatus:
+        """Long-poll: return once the state's ETag differs from ``etag`` or ``timeout`` passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            status = self.status()
+            remaining = deadline - loop.time()
+            if status.etag != etag or remaining <= 0:
+                return status
+            if status.leader:  # the deadline changes the answer even if nothing else happens
+                remaining = min(remaining, status.valid_for + 0.001)
+            changed = self._changed
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+            except TimeoutError:
+                pass
+
+    def on_transition(self, listener: Callable[[Transition], None]) -> None:
+        """``listener`` is called synchronously on every role change; it must not block."""
+        self._transition_listeners.append(listener)
+
+    def on_gap_alert(self, listener: Callable[[GapAlert], None]) -> None:
+        self._gap_listeners.append(listener)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Acquire, renew and follow the watch until cancelled."""
+        watch = asyncio.create_task(self._follow_watch(), name="lease-watch")
+        try:
+            while True:
+                self._wake.clear()
+                now = self._clock.now()
+                self._tick(now)
+                if now >= self._next_attempt:
+                    await self.step()
+                    continue
+                wake_at = min(self._next_attempt, *self._timers())
+                try:
+                    async with asyncio.timeout(max(0.0, wake_at - now)):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    def _timers(self) -> list[float]:
+        """Moments the loop must wake for even without a store call: the deadline, and the
+        half-lease mark of a renewal gap not yet alerted."""
+        if self._role is not Role.LEADER:
+            return []
+        timers = [self._valid_until]
+        if not self._gap_alerted:
+            timers.append(self._last_renewal_sent + self.timing.lease_duration / 2)
+        return timers
+
+    def _tick(self, now: float) -> None:
+        """Time-driven transitions, no I/O: demote at the deadline, alert a growing gap."""
+        if self._role is Role.LEADER and now >= self._valid_until:
+            self._demote("deadline")
+        self._check_growing_gap(now)
+
+    async def step(self) -> float:
+        """One acquire-or-renew step. Returns the delay until the next one."""
+        async with self._lock:
+            self._free_seen_by_watch = False
+            now = self._clock.now()
+            # 1. A leader past its deadline has stopped leading, whatever the store would say:
+            #    it may be partitioned from a store that already let the lease expire (rule 3).
+            if self._role is Role.LEADER and now >= self._valid_until:
+                self._demote("deadline")
+            # 2. Leading: renew, conditional at the store on our holder and term (rule 1).
+            # 3. Following: acquire if free or expired, with a term above every term seen.
+            delay = await (self._renew(now) if self._role is Role.LEADER else self._acquire(now))
+            # 4. A release seen by the watch while we were busy: try again at once.
+            if self._free_seen_by_watch and self._role is Role.FOLLOWER:
+                delay = min(delay, self._herd_jitter())
+            self._next_attempt = self._clock.now() + delay
+            return delay
+
+    async def _renew(self, sent: float) -> float:
+        budget = min(self.timing.request_timeout, self._valid_until - sent)
+        try:
+            record = await self._call(
+                "renew",
+                lambda: self.store.renew(self.identity, self._term, self.timing.lease_duration),
+                budget,
+            )
+        except NotOwned as lost:
+            self._observe(lost.record)
+            self._demote("lost")
+            return self._follower_delay(lost.record)
+        except StoreError:
+            # Tolerated only while the deadline is ahead (rule 3): retry before it.
+            now = self._clock.now()
+            self._check_growing_gap(now)
+            if now >= self._valid_until:
+                self._demote("deadline")
+                return self._retry_delay()
+            return min(self._retry_delay(), self._valid_until - now)
+        self._renewed(sent, record)
+        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    async def _acquire(self, sent: float) -> float:
+        if sent < self._hold_off_until:
+            return self._hold_off_until - sent
+        floor = self._high_water
+        try:
+            record = await self._call(
+                "acquire",
+                lambda: self.store.try_acquire(self.identity, self.timing.lease_duration, floor),
+                self.timing.request_timeout,
+            )
+        except LeaseHeld as held:
+            self._observe(held.record)
+            return self._follower_delay(held.record)
+        except Conflict as lost_race:
+            self._observe(lost_race.record)
+            return self._herd_jitter()
+        except StoreError:
+            return self._retry_delay()
+        if record.holder != self.identity or record.term <= floor:
+            # A store that broke its contract: leading on a reused term would break fencing.
+            log(
+                logger,
+                "error",
+                "store granted a term that is not above every term seen; refusing to lead",
+                granted_term=record.term,
+                highest_seen=floor,
+                store=self.store.description,
+            )
+            self._observe(record)
+            return self._retry_delay()
+        self._become_leader(record, sent)
+        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    async def release(self, reason: str = "released", timeout: float | None = None) -> bool:
+        """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
+        start), then release the lease at the store, conditional on holder and term, so a
+        follower can take over within one round trip (rule 7). False if not leading."""
+        async with self._lock:
+            if self._role is not Role.LEADER:
+                return False
+            term = self._term
+            self._demote(reason)
+            if reason == "released":
+                # Give the others the lease instead of taking it straight back.
+                self._hold_off_until = self._clock.now() + self.timing.lease_duration
+                self._next_attempt = max(self._next_attempt, self._hold_off_until)
+            budget = self.timing.request_timeout if timeout is None else timeout
+            try:
+                record = await self._call(
+                    "release", lambda: self.store.release(self.identity, term), budget
+                )
+                self._observe(record)
+            except NotOwned as gone:
+                self._observe(gone.record)
+            except StoreError as exc:
+                log(
+                    logger,
+                    "warning",
+                    "could not release the lease; it will expire on its own",
+                    lease=self.lease,
+                    error=str(exc),
+                    expires_within_seconds=self.timing.lease_duration,
+                )
+            return True
+
+    # -- state changes ------------------------------------------------------------------
+
+    def _become_leader(self, record: LeaseRecord, sent: float) -> None:
+        previous = self._observed.holder if self._observed else None
+        self._role = Role.LEADER
+        self._term = record.term
+        self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
+        self._last_renewal_sent = sent
+        self._gap_alerted = False
+        self._role_since = self._clock.wall()
+        self._observe(record)
+        self.metrics.transition(Role.LEADER.value)
+        log(
+            logger,
+            "info",
+            "became leader",
+            lease=self.lease,
+            identity=self.identity,
+            term=record.term,
+            previous_holder=previous,
+        )
+        self._notify(Transition(Role.LEADER, "acquired", self.status(), previous))
+
+    def _renewed(self, sent: float, record: LeaseRecord) -> None:
+        gap = sent - self._last_renewal_sent
+        self.metrics.renewal_gap.observe(gap)
+        if gap > self.timing.lease_duration / 2 and not self._gap_alerted:
+            self._alert_gap(gap, growing=False)
+        self._gap_alerted = False
+        self._last_error = None
+        self._last_renewal_sent = sent
+        self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
+        self._observe(record)
+
+    def _demote(self, reason: str) -> None:
+        if self._role is not Role.LEADER:
+            return
+        self._role = Role.FOLLOWER
+        self._valid_until = float("-inf")
+        self._role_since = self._clock.wall()
+        self.metrics.transition(Role.FOLLOWER.value)
+        self.metrics.demotion(reason)
+        level = "info" if reason in ("released", "shutdown") else "warning"
+        log(
+            logger,
+            level,
+            "stopped leading",
+            lease=self.lease,
+            identity=self.identity,
+            term=self._term,
+            reason=reason,
+            last_error=self._last_error,
+        )
+        self._notify(Transition(Role.FOLLOWER, reason, self.status(), None))
+
+    def _observe(self, record: LeaseRecord | None) -> None:
+        if record is not None:
+            if self._observed is not None and record.term < self._observed.term:
+                return  # an older observation arriving late
+            self._high_water = max(self._high_water, record.term)
+        self._observed = record
+        self.metrics.term.set(self._term if self._role is Role.LEADER else self._high_water)
+        self._publish()
+
+    def _notify(self, transition: Transition) -> None:
+        self._publish()
+        for listener in self._transition_listeners:
+            try:
+                listener(transition)
+            except Exception:
+                logger.exception("transition listener failed")
+
+    def _publish(self) -> None:
+        etag = self.status().etag
+        if etag != self._published_etag:
+            self._published_etag = etag
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    # -- renewal gaps -------------------------------------------------------------------
+
+    def _seconds_since_renewal(self) -> float:
+        if self._role is not Role.LEADER:
+            return 0.0
+        return max(0.0, self._clock.now() - self._last_renewal_sent)
+
+    def _check_growing_gap(self, now: float) -> None:
+        if self._role is not Role.LEADER or self._gap_alerted:
+            return
+        gap = now - self._last_renewal_sent
+        if gap > self.timing.lease_duration / 2:
+            self._alert_gap(gap, growing=True)
+
+    def _alert_gap(self, gap: float, *, growing: bool) -> None:
+        """Once per episode: an episode ends with the next successful renewal."""
+        self._gap_alerted = True
+        self.metrics.gap_over_half_lease.inc()
+        log(
+            logger,
+            "warning",
+            "renewal gap past half the lease",
+            lease=self.lease,
+            gap_seconds=round(gap, 3),
+            lease_duration_seconds=self.timing.lease_duration,
+            still_growing=growing,
+            last_error=self._last_error,
+        )
+        alert = GapAlert(gap, self.timing.lease_duration, growing, self._last_error, self.status())
+        for listener in self._gap_listeners:
+            try:
+                listener(alert)
+            except Exception:
+                logger.exception("gap alert listener failed")
+
+    # -- the watch ----------------------------------------------------------------------
+
+    async def _follow_watch(self) -> None:
+        async for record in self.store.watch():
+            self.on_watch(record)
+
+    def on_watch(self, record: LeaseRecord | None) -> None:
+        """React to a change seen by the store's watch, without a store call."""
+        self._observe(record)
+        if self._role is Role.LEADER:
+            if record is not None and record.term > self._term and record.holder != self.identity:
+                self._demote("lost")  # a newer grant to someone else: we lost it
+                self._next_attempt = self._clock.now() + self._follower_delay(record)
+                self._wake.set()
+            return
+        if record is None or record.free:
+            self._free_seen_by_watch = True
+        self._next_attempt = self._clock.now() + self._follower_delay(record)
+        self._wake.set()
+
+    # -- timing -------------------------------------------------------------------------
+
+    def _follower_delay(self, record: LeaseRecord | None) -> float:
+        """Next attempt at the observed expiry (or at once if free), not on a fixed poll."""
+        if record is None or record.free:
+            return self._herd_jitter()
+        return min(record.expires_in, self.timing.lease_duration) + self._herd_jitter()
+
+    def _herd_jitter(self) -> float:
+        """A little spread so followers woken together do not all hit the store at once."""
+        return self._rng.uniform(0, min(0.1 * self.timing.retry_period, 0.05))
+
+    def _retry_delay(self) -> float:
+        return self.timing.retry_period * self._rng.uniform(1.0, 1.5)
+
+    async def _call(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
+        """One store request within ``budget`` seconds, counted by outcome. Timeouts and
+        unexpected errors become `StoreUnavailable`: fail closed, never crash the loop."""
+        started = self._clock.now()
+        outcome = "ok"
+        try:
+            async with asyncio.timeout(max(budget, 0.001)):
+                return await request()
+        except TimeoutError:
+            outcome = "timeout"
+            self._last_error = f"{op} timed out after {budget:.3f}s"
+            raise StoreUnavailable(self._last_error) from None
+        except LeaseHeld:
+            outcome = "held"
+            raise
+        except NotOwned:
+            outcome = "not_owned"
+            raise
+        except Conflict:
+            outcome = "conflict"
+            raise
+        except StoreUnavailable as exc:
+            outcome = "unavailable"
+            self._last_error = str(exc)
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception as exc:
+            outcome = "error"
+            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
+            logger.exception("unexpected store error", extra={"sidecar_fields": {"op": op}})
+            raise StoreUnavailable(self._last_error) from exc
+        finally:
+            now = self._clock.now()
+            self.metrics.store_request(op, outcome, now - started)
+            if outcome in ("ok", "held", "not_owned", "conflict"):
+                self._last_store_answer = now

@@ -1,0 +1,110 @@
+"""The metrics of DESIGN.md, on a registry the caller owns (tests get a fresh one each)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "leader_sidecar_"
+
+# Renewal-gap buckets as fractions of the lease, so that one edge is exactly half the lease
+# whatever the lease is, and the alert threshold reads straight off a bucket.
+GAP_FRACTIONS = (0.1, 0.2, 0.25, 1 / 3, 0.4, 0.5, 2 / 3, 0.75, 1.0, 1.5, 2.0)
+
+# Store round trips: from a loopback SQLite commit to a cross-zone Kubernetes API call.
+STORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown")
+ROLES = ("leader", "follower")
+
+
+def gap_buckets(lease_duration: float) -> list[float]:
+    return [fraction * lease_duration for fraction in GAP_FRACTIONS]
+
+
+class Metrics:
+    """Every metric the sidecar exports; each carries the ``lease`` label (bounded: one
+    lease per sidecar)."""
+
+    def __init__(self, registry: CollectorRegistry, lease: str, lease_duration: float) -> None:
+        self.registry = registry
+        self.lease = lease
+        label = {"lease": lease}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, ["lease"], registry=registry)
+
+        self.is_leader = gauge("is_leader", "1 while this replica is the leader").labels(**label)
+        self.term = gauge("term", "Term (fencing token) held or last observed").labels(**label)
+        duration = gauge("lease_duration_seconds", "Configured lease duration").labels(**label)
+        duration.set(lease_duration)
+        self.renewal_gap = Histogram(
+            PREFIX + "renewal_gap_seconds",
+            "Time between the sends of consecutive successful renewals (or acquire → renewal)",
+            ["lease"],
+            buckets=gap_buckets(lease_duration),
+            registry=registry,
+        ).labels(**label)
+        self.seconds_since_renewal = gauge(
+            "seconds_since_renewal",
+            "While leading: seconds since the last successful renewal was sent; 0 otherwise",
+        ).labels(**label)
+        self.gap_over_half_lease = Counter(
+            PREFIX + "renewal_gap_over_half_lease",
+            "Renewal gaps (finished or still growing) longer than half the lease",
+            ["lease"],
+            registry=registry,
+        ).labels(**label)
+        self._transitions = Counter(
+            PREFIX + "transitions",
+            "Role changes of this replica",
+            ["lease", "role"],
+            registry=registry,
+        )
+        self._demotions = Counter(
+            PREFIX + "demotions",
+            "Times this replica stopped leading, by reason",
+            ["lease", "reason"],
+            registry=registry,
+        )
+        self._store_requests = Counter(
+            PREFIX + "store_requests",
+            "Requests to the lease store by operation and outcome",
+            ["lease", "op", "outcome"],
+            registry=registry,
+        )
+        self._store_duration = Histogram(
+            PREFIX + "store_request_duration_seconds",
+            "Latency of lease store requests",
+            ["lease", "op"],
+            buckets=STORE_BUCKETS,
+            registry=registry,
+        )
+        # What client-go's leader election exports, so existing dashboards and alerts work.
+        self.master_status = Gauge(
+            "leader_election_master_status",
+            "1 if this replica is the leader of the lease 'name' (client-go compatible)",
+            ["name"],
+            registry=registry,
+        ).labels(name=lease)
+        for role in ROLES:  # export zeros so rate() works from the first scrape
+            self._transitions.labels(lease, role)
+        for reason in DEMOTION_REASONS:
+            self._demotions.labels(lease, reason)
+
+    def bind(self, leading: Callable[[], bool], since_renewal: Callable[[], float]) -> None:
+        """Evaluate leadership and renewal age at scrape time, never from a cached flag."""
+        self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
+        self.master_status.set_function(lambda: 1.0 if leading() else 0.0)
+        self.seconds_since_renewal.set_function(since_renewal)
+
+    def transition(self, role: str) -> None:
+        self._transitions.labels(self.lease, role).inc()
+
+    def demotion(self, reason: str) -> None:
+        self._demotions.labels(self.lease, reason).inc()
+
+    def store_request(self, op: str, outcome: str, seconds: float) -> None:
+        self._store_requests.labels(self.lease, op, outcome).inc()
+        self._store_duration.labels(self.lease, op).observe(seconds)
