@@ -287,6 +287,12 @@ class Elector:
                 self._demote("deadline")
                 return self._retry_delay()
             return min(self._retry_delay(), self._valid_until - now)
+        if self._clock.now() >= self._valid_until:
+            # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
+            # leading for real; the next step re-acquires under a new term.
+            self._observe(record)
+            self._demote("deadline")
+            return 0.0
         self._renewed(sent, record)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
