@@ -223,7 +223,7 @@ class Elector:
                 if now >= self._next_attempt:
                     await self.step()
                     continue
-                wake_at = min(self._next_attempt, *self._timers())
+                wake_at = min([self._next_attempt, *self._timers()])
                 try:
                     async with asyncio.timeout(max(0.0, wake_at - now)):
                         await self._wake.wait()

@@ -1,0 +1,367 @@
+"""The elector on an in-memory store and a hand-moved clock: one test per safety rule, plus
+the scheduling behaviour. Every store call is counted; a call a test did not allow fails it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.backends.base import LeaseRecord, StoreUnavailable
+from sidecar.backends.memory import MemoryLeaseState
+from sidecar.config import Timing, load
+from sidecar.elector import Elector, Role, Transition
+from sidecar.metrics import Metrics
+from tests.support.clock import FakeClock
+from tests.support.strict_store import StrictStore
+
+TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)
+MARGIN = TIMING.safety_margin  # 1.1 s: one request timeout + 1 % drift
+
+
+class World:
+    """One lease 'server', a shared clock, and the electors the test creates."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.state = MemoryLeaseState(self.clock)
+        self.stores: list[StrictStore] = []
+
+    def elector(self, name: str, allowed: set[str] | None = None) -> Elector:
+        store = StrictStore(self.state, allowed)
+        self.stores.append(store)
+        registry = CollectorRegistry()
+        return Elector(
+            store, TIMING, f"{name}_0000", "unit",
+            metrics=Metrics(registry, "unit", TIMING.lease_duration),
+            clock=self.clock, rng=random.Random(7),
+        )
+
+    def steal(self, holder: str) -> None:
+        """Another writer takes the lease behind the elector's back, with a newer term."""
+        row = self.state.row
+        assert row is not None
+        row.holder, row.term = holder, row.term + 1
+        row.expires_at = self.clock.now() + TIMING.lease_duration
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    world = World()
+    yield world
+    for store in world.stores:
+        assert store.unexpected == [], f"unexpected store calls: {store.unexpected}"
+
+
+def store_of(elector: Elector) -> StrictStore:
+    assert isinstance(elector.store, StrictStore)
+    return elector.store
+
+
+def sample(elector: Elector, name: str, **labels: str) -> float | None:
+    return elector.metrics.registry.get_sample_value(name, {"lease": "unit", **labels})
+
+
+def demotions(elector: Elector, reason: str) -> float | None:
+    return sample(elector, "leader_sidecar_demotions_total", reason=reason)
+
+
+# -- acquiring and following ------------------------------------------------------------------
+
+
+async def test_a_lone_candidate_becomes_leader_with_term_one(world: World) -> None:
+    """One acquire call, then leader with term 1 until the deadline."""
+    a = world.elector("a")
+    delay = await a.step()
+    status = a.status()
+    assert status.leader
+    assert (status.holder, status.term) == ("a_0000", 1)
+    assert status.valid_for == pytest.approx(TIMING.lease_duration - MARGIN)
+    assert delay == pytest.approx(TIMING.renew_interval)
+    assert store_of(a).calls == {"acquire": 1}
+
+
+async def test_a_follower_schedules_its_next_attempt_at_the_observed_expiry(world: World) -> None:
+    """Not a fixed poll: the next attempt is when the holder's lease would run out."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    world.clock.advance(4.0)
+    delay = await b.step()
+    assert not b.status().leader
+    assert b.status().holder == "a_0000"
+    assert 6.0 <= delay <= 6.0 + 0.1
+    assert store_of(b).calls == {"acquire": 1}
+
+
+async def test_the_leader_renews_every_interval_and_keeps_its_term(world: World) -> None:
+    """Renewal extends the deadline from the moment it was sent; the term stays."""
+    a = world.elector("a")
+    await a.step()
+    for _ in range(5):
+        world.clock.advance(TIMING.renew_interval)
+        await a.step()
+    assert a.status().leader
+    assert a.status().term == 1
+    assert store_of(a).calls == {"acquire": 1, "renew": 5}
+    assert sample(a, "leader_sidecar_renewal_gap_seconds_count") == 5
+
+
+# -- rule 1: the store decides ownership; the elector obeys it --------------------------------
+
+
+async def test_a_leader_whose_lease_was_taken_demotes_as_lost(world: World) -> None:
+    """A renewal that finds someone else's record stops leadership at once."""
+    a = world.elector("a")
+    await a.step()
+    world.steal("x_9999")
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()
+    assert not a.status().leader
+    assert a.role is Role.FOLLOWER
+    assert a.status().holder == "x_9999"
+    assert demotions(a, "lost") == 1
+
+
+# -- rule 3: self-demotion on the leader's own deadline ----------------------------------------
+
+
+async def test_a_leader_cut_off_from_the_store_demotes_at_its_deadline(world: World) -> None:
+    """Errors are tolerated only while the deadline is ahead; it falls before the store's
+    expiry, so no other candidate can be granted the lease while this one still leads."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    for op in ("renew", "acquire"):
+        store_of(a).fail_always(op, StoreUnavailable("partitioned"))
+    deadline = world.clock.now() + TIMING.lease_duration - MARGIN
+    while world.clock.now() + 0.5 < deadline:
+        world.clock.advance(0.5)
+        await a.step()
+        assert a.status().leader, "demoted while the deadline was still ahead"
+    world.clock.advance(deadline - world.clock.now())
+    await a.step()
+    assert not a.status().leader
+    assert demotions(a, "deadline") == 1
+    # The store still holds a's lease at this moment: a stepped down first.
+    assert world.state.row is not None
+    assert world.state.row.holder == "a_0000"
+    assert world.state.row.expires_at > world.clock.now()
+    await b.step()
+    assert not b.status().leader
+
+
+async def test_the_deadline_counts_from_when_the_renewal_was_sent(world: World) -> None:
+    """A slow renewal buys only lease - margin from its send time, not from its answer."""
+    a = world.elector("a")
+    await a.step()
+    world.clock.advance(TIMING.renew_interval)
+    store_of(a).during["renew"] = lambda: world.clock.advance(0.8)
+    await a.step()
+    assert a.status().leader
+    assert a.status().valid_for == pytest.approx(TIMING.lease_duration - MARGIN - 0.8)
+
+
+async def test_a_renewal_confirmed_after_the_deadline_does_not_extend_it(world: World) -> None:
+    """The store said yes too late: /leader already said 503, so the leader steps down."""
+    a = world.elector("a")
+    await a.step()
+    world.clock.advance(TIMING.renew_interval)
+    store_of(a).during["renew"] = lambda: world.clock.advance(TIMING.lease_duration)
+    await a.step()
+    assert not a.status().leader
+    assert demotions(a, "deadline") == 1
+
+
+async def test_a_passing_store_error_is_tolerated_while_the_deadline_is_ahead(
+    world: World,
+) -> None:
+    """One failed renewal: retry soon, stay leader, no demotion."""
+    a = world.elector("a")
+    await a.step()
+    world.clock.advance(TIMING.renew_interval)
+    store_of(a).fail_next("renew", StoreUnavailable("blip"))
+    delay = await a.step()
+    assert a.status().leader
+    assert delay <= TIMING.retry_period * 1.5
+    world.clock.advance(delay)
+    await a.step()
+    assert a.status().leader
+    assert demotions(a, "deadline") == 0
+    assert store_of(a).calls["renew"] == 2
+
+
+# -- rule 4: answered at request time ----------------------------------------------------------
+
+
+async def test_leadership_is_judged_at_the_moment_of_asking(world: World) -> None:
+    """Past the deadline the answer is 'not leader' at once, with no step in between:
+    a paused sidecar that resumes late answers 503 on its first request."""
+    a = world.elector("a")
+    await a.step()
+    assert a.status().leader
+    assert sample(a, "leader_sidecar_is_leader") == 1
+    world.clock.advance(TIMING.lease_duration - MARGIN)
+    assert not a.status().leader
+    assert not a.is_leader()
+    assert sample(a, "leader_sidecar_is_leader") == 0
+    assert a.role is Role.LEADER  # the loop has not run yet; the answer is right anyway
+
+
+# -- rule 5: the term never goes back ----------------------------------------------------------
+
+
+async def test_a_reset_store_cannot_rewind_the_term(world: World) -> None:
+    """The highest term seen is the floor of the next grant, even after the record is gone."""
+    a, b = world.elector("a"), world.elector("b")
+    for _ in range(3):
+        await a.step()
+        await a.release()
+        world.clock.advance(TIMING.lease_duration)
+    await a.step()
+    assert a.status().term == 4
+    await b.step()  # b observes term 4
+    world.state.delete()
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()  # a's renewal finds no record: lost
+    assert not a.status().leader
+    world.clock.advance(0.1)
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 5
+
+
+async def test_a_grant_whose_term_is_not_above_every_term_seen_is_refused(world: World) -> None:
+    """A store that forgot its term (and ignores min_term) must not make us lead."""
+
+    class ForgetfulStore(StrictStore):
+        async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+            return await super().try_acquire(identity, duration, 0)
+
+    a = world.elector("a")
+    await a.step()
+    await a.release()
+    world.state.delete()
+    forgetful = ForgetfulStore(world.state)
+    a.store = forgetful
+    world.clock.advance(TIMING.lease_duration)
+    await a.step()
+    assert forgetful.calls["acquire"] == 1
+    assert not a.status().leader
+
+
+# -- rule 6: a new process start is a new identity ---------------------------------------------
+
+
+def test_every_start_gets_a_new_identity_with_the_same_prefix(tmp_path: object) -> None:
+    """Two starts of the same pod never share an identity."""
+    argv = ["--identity", "app-0", "--store", "sqlite:////tmp/x.db"]
+    first, second = load(argv, environ={}), load(argv, environ={})
+    assert first.identity != second.identity
+    assert first.identity.startswith("app-0_")
+    assert second.identity.startswith("app-0_")
+
+
+async def test_a_restarted_replica_does_not_inherit_its_predecessors_lease(world: World) -> None:
+    """Same pod name, new suffix: it waits for expiry and takes a new term."""
+    old = world.elector("app-0")
+    await old.step()
+    restarted = Elector(
+        StrictStore(world.state), TIMING, "app-0_ffff", "unit",
+        metrics=Metrics(CollectorRegistry(), "unit", TIMING.lease_duration),
+        clock=world.clock,
+    )
+    await restarted.step()
+    assert not restarted.status().leader
+    world.clock.advance(TIMING.lease_duration)
+    await restarted.step()
+    assert restarted.status().leader
+    assert restarted.status().term == 2
+
+
+# -- rule 7: release demotes first, then frees the lease at once -------------------------------
+
+
+async def test_release_demotes_locally_before_it_frees_the_lease(world: World) -> None:
+    """While the release request is in flight, /leader already says 503."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    seen_during_release: list[bool] = []
+    store_of(a).during["release"] = lambda: seen_during_release.append(a.status().leader)
+    assert await a.release()
+    assert seen_during_release == [False]
+    assert demotions(a, "released") == 1
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 2
+
+
+async def test_after_a_voluntary_release_the_replica_stands_back_for_a_lease(
+    world: World,
+) -> None:
+    """Stepping down means letting someone else lead, not re-acquiring at once."""
+    a = world.elector("a")
+    await a.step()
+    await a.release()
+    delay = await a.step()
+    assert not a.status().leader
+    assert delay == pytest.approx(TIMING.lease_duration)
+    assert store_of(a).calls["acquire"] == 1  # only the first one
+
+
+async def test_release_when_not_leading_does_nothing(world: World) -> None:
+    a = world.elector("a", allowed={"acquire"})
+    assert not await a.release()
+    assert store_of(a).calls == {}
+
+
+# -- the watch ---------------------------------------------------------------------------------
+
+
+async def test_a_release_seen_on_the_watch_makes_a_follower_try_at_once(world: World) -> None:
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    assert b._next_attempt > world.clock.now() + 5
+    record = await a.store.release("a_0000", 1)
+    b.on_watch(record)
+    assert b._next_attempt - world.clock.now() <= 0.05
+
+
+async def test_a_leader_that_sees_a_newer_grant_on_the_watch_steps_down(world: World) -> None:
+    a = world.elector("a")
+    await a.step()
+    world.steal("x_9999")
+    a.on_watch(world.state.record())
+    assert not a.status().leader
+    assert demotions(a, "lost") == 1
+
+
+# -- notifications -----------------------------------------------------------------------------
+
+
+async def test_listeners_hear_every_transition_in_order(world: World) -> None:
+    a = world.elector("a")
+    heard: list[Transition] = []
+    a.on_transition(heard.append)
+    await a.step()
+    await a.release()
+    assert [(t.role, t.reason) for t in heard] == [
+        (Role.LEADER, "acquired"),
+        (Role.FOLLOWER, "released"),
+    ]
+    assert heard[0].status.leader
+    assert not heard[1].status.leader
+
+
+async def test_a_long_poll_returns_as_soon_as_the_state_changes(world: World) -> None:
+    a = world.elector("a")
+    etag = a.status().etag
+    waiter = asyncio.create_task(a.wait_for_change(etag, timeout=5))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await a.step()
+    status = await asyncio.wait_for(waiter, timeout=1)
+    assert status.leader
+    assert status.etag != etag
