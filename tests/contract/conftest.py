@@ -11,7 +11,9 @@ import pytest
 from tests.contract.harness import StoreHarness, StoreHarnessFactory
 
 HARNESSES: dict[str, StoreHarnessFactory] = {
-    path.stem.removeprefix("harness_"): importlib.import_module(f"tests.contract.{path.stem}").HARNESS
+    path.stem.removeprefix("harness_"): importlib.import_module(
+        f"tests.contract.{path.stem}"
+    ).HARNESS
     for path in sorted(Path(__file__).parent.glob("harness_*.py"))
 }
 

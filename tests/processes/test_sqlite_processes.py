@@ -23,6 +23,11 @@ def store_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'leases.db'}"
 
 
+def libfaketime() -> str | None:
+    candidates = Path("/usr/lib").glob("*/faketime/libfaketime.so.1")
+    return next((str(path) for path in candidates), None)
+
+
 def by_name(procs: list[SidecarProcess], name: str) -> SidecarProcess:
     return next(p for p in procs if p.name == name)
 
@@ -40,16 +45,19 @@ async def test_sigkill_of_the_leader_fails_over_to_a_higher_term_within_the_leas
                 lambda s: s.leader and s.name != first.name and s.sent >= killed_at,
                 timeout=LEASE + RETRY + 0.5 + 2.0,
             )
-            assert successor.term is not None and first.term is not None
+            assert successor.term is not None
+            assert first.term is not None
             assert successor.term > first.term
             assert successor.since - killed_at <= LEASE + RETRY + 0.5
             # Everyone else now agrees on the holder and term.
             for proc in procs:
                 if proc.name not in (first.name, successor.name):
                     follower = await observer.wait_for(
-                        lambda s, n=proc.name: s.name == n
-                        and s.body is not None
-                        and s.body["holder"] == successor.identity,
+                        lambda s, n=proc.name: (
+                            s.name == n
+                            and s.body is not None
+                            and s.body["holder"] == successor.identity
+                        ),
                         timeout=3,
                     )
                     assert follower.status == 503
@@ -68,7 +76,8 @@ async def test_sigterm_of_the_leader_hands_off_within_a_second(tmp_path: Path) -
                 lambda s: s.leader and s.name != first.name and s.sent >= stopped_at, timeout=3
             )
             assert successor.since - stopped_at < 1.0
-            assert successor.term is not None and first.term is not None
+            assert successor.term is not None
+            assert first.term is not None
             assert successor.term == first.term + 1
             assert leader.wait_exit(2.0) == 0
             exited_at = time.time()
@@ -97,7 +106,8 @@ async def test_a_paused_leader_answers_503_first_thing_after_resuming(tmp_path: 
                 lambda s: s.name == first.name and s.received >= resumed_at, timeout=5
             )
             assert answer.status == 503, answer
-            assert successor.term is not None and first.term is not None
+            assert successor.term is not None
+            assert first.term is not None
             assert successor.term > first.term
 
 
@@ -120,7 +130,8 @@ async def test_a_restarted_leader_waits_for_its_old_lease_and_takes_a_new_term(
                 timeout=5,
             )
             observer.assert_never_two_leaders()
-    assert second.term is not None and first.term is not None
+    assert second.term is not None
+    assert first.term is not None
     assert second.term == first.term + 1
     # The old grant was renewed at most one renew interval before the kill.
     assert second.since - killed_at >= LEASE - RENEW - 0.1
@@ -131,12 +142,7 @@ async def test_a_wall_clock_jump_on_one_replica_does_not_expire_the_leaders_leas
 ) -> None:
     """Expiry is judged on CLOCK_BOOTTIME: a follower whose wall clock jumps an hour ahead
     still sees the leader's lease as live (rule 2)."""
-    library = next(
-        (p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-                     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1")
-         if os.path.exists(p)),
-        None,
-    )
+    library = libfaketime()
     if library is None:
         if find_binary("faketime") is None and not os.environ.get("CI"):
             pytest.skip("libfaketime is not installed; run scripts/setup-test-env")
@@ -148,7 +154,8 @@ async def test_a_wall_clock_jump_on_one_replica_does_not_expire_the_leaders_leas
         async with LeaderObserver(procs) as observer:
             first = await observer.leader()
             jumper = SidecarProcess.start(
-                "jumper", store,
+                "jumper",
+                store,
                 env={
                     "LD_PRELOAD": library,
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1",

@@ -55,22 +55,36 @@ class SidecarProcess:
         ready_timeout: float = 15.0,
     ) -> SidecarProcess:
         command = [
-            sys.executable, "-m", "sidecar",
-            "--store", store,
-            "--identity", name,
-            "--lease-duration", lease_duration,
-            "--listen", "127.0.0.1:0",
-            "--public-listen", "127.0.0.1:0",
-            "--log-format", "json",
-            "--log-level", "debug",
+            sys.executable,
+            "-m",
+            "sidecar",
+            "--store",
+            store,
+            "--identity",
+            name,
+            "--lease-duration",
+            lease_duration,
+            "--listen",
+            "127.0.0.1:0",
+            "--public-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
             *args,
         ]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("LEADER_SIDECAR_")}
         environment.pop("KUBERNETES_SERVICE_HOST", None)
         environment.update(env or {})
         proc = subprocess.Popen(
-            command, cwd=REPO, env=environment, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            command,
+            cwd=REPO,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         sidecar = cls(proc, name)
         sidecar._wait_listening(ready_timeout)
@@ -146,9 +160,7 @@ class SidecarProcess:
 
 
 @contextlib.contextmanager
-def sidecars(
-    names: Sequence[str], store: str, **kwargs: Any
-) -> Any:
+def sidecars(names: Sequence[str], store: str, **kwargs: Any) -> Any:
     started: list[SidecarProcess] = []
     try:
         for name in names:
@@ -181,7 +193,8 @@ class Sample:
 
     @property
     def since(self) -> float:
-        assert self.body is not None and self.body["since"]
+        assert self.body is not None
+        assert self.body["since"]
         return datetime.fromisoformat(self.body["since"].replace("Z", "+00:00")).timestamp()
 
 
@@ -230,7 +243,7 @@ class LeaderObserver:
                 async with self._session.get(sidecar.leader_url) as response:
                     status = response.status
                     body = await response.json()
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            except (TimeoutError, aiohttp.ClientError, ValueError):
                 if sidecar.proc.poll() is not None:
                     self._record(Sample(sidecar.name, sent, time.time(), None, None))
                     return  # exited: nothing more to observe

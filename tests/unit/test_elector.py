@@ -35,9 +35,13 @@ class World:
         self.stores.append(store)
         registry = CollectorRegistry()
         return Elector(
-            store, TIMING, f"{name}_0000", "unit",
+            store,
+            TIMING,
+            f"{name}_0000",
+            "unit",
             metrics=Metrics(registry, "unit", TIMING.lease_duration),
-            clock=self.clock, rng=random.Random(7),
+            clock=self.clock,
+            rng=random.Random(7),
         )
 
     def steal(self, holder: str) -> None:
@@ -268,7 +272,10 @@ async def test_a_restarted_replica_does_not_inherit_its_predecessors_lease(world
     old = world.elector("app-0")
     await old.step()
     restarted = Elector(
-        StrictStore(world.state), TIMING, "app-0_ffff", "unit",
+        StrictStore(world.state),
+        TIMING,
+        "app-0_ffff",
+        "unit",
         metrics=Metrics(CollectorRegistry(), "unit", TIMING.lease_duration),
         clock=world.clock,
     )
