@@ -27,7 +27,8 @@ class ConfigError(Exception):
     """A bad setting. ``str()`` is the one line printed before exiting with status 2."""
 
     def __init__(self, source: str, value: object, allowed: str) -> None:
-        super().__init__(f"{source}={value!s}: {allowed}")
+        setting = f"{source}={value!s}" if value != "" else source
+        super().__init__(f"{setting}: {allowed}")
 
 
 # -- value parsers: each raises ValueError whose message says what is allowed ----------------
