@@ -3,24 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from fractions import Fraction
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "leader_sidecar_"
 
 # Renewal-gap buckets as fractions of the lease, so that one edge is exactly half the lease
-# whatever the lease is, and the alert threshold reads straight off a bucket.
-GAP_FRACTIONS = (0.1, 0.2, 0.25, 1 / 3, 0.4, 0.5, 2 / 3, 0.75, 1.0, 1.5, 2.0)
+# whatever the lease is, and the alert threshold reads straight off a bucket. Kept as
+# (numerator, denominator) and computed exactly from the lease as written, so a 3 s lease gets
+# the edge 0.3, not 0.30000000000000004, in the `le` label. No edge above the lease:
+# a renewal is only counted while the deadline (lease - safety margin) is ahead, so a larger
+# gap is never observed; the edges are dense around the default renew interval (1/3) and the
+# alert threshold (1/2) instead.
+GAP_FRACTIONS: tuple[tuple[int, int], ...] = (
+    (1, 10), (1, 5), (1, 4), (1, 3), (2, 5), (1, 2), (3, 5), (2, 3), (3, 4), (9, 10), (1, 1),
+)  # fmt: skip
 
 # Store round trips: from a loopback SQLite commit to a cross-zone Kubernetes API call.
 STORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown")
+STORE_STEADY_OPS = ("acquire", "renew")  # what every replica sends all the time
+STORE_ALERT_OUTCOMES = ("ok", "timeout", "unavailable", "error")  # what the alerts divide
 ROLES = ("leader", "follower")
 
 
 def gap_buckets(lease_duration: float) -> list[float]:
-    return [fraction * lease_duration for fraction in GAP_FRACTIONS]
+    """Bucket edges of the renewal-gap histogram for this lease; one is exactly lease / 2."""
+    lease = Fraction(repr(lease_duration))  # the decimal the user wrote, not the binary float
+    return [float(lease * n / d) for n, d in GAP_FRACTIONS]
 
 
 class Metrics:
@@ -92,6 +104,11 @@ class Metrics:
             self._transitions.labels(lease, role)
         for reason in DEMOTION_REASONS:
             self._demotions.labels(lease, reason)
+        # The store's failure outcomes too: a series first scraped at 3 shows no increase(), so
+        # without a zero the first failures after a healthy spell would be invisible to alerts.
+        for op in STORE_STEADY_OPS:
+            for outcome in STORE_ALERT_OUTCOMES:
+                self._store_requests.labels(lease, op, outcome)
 
     def bind(self, leading: Callable[[], bool], since_renewal: Callable[[], float]) -> None:
         """Evaluate leadership and renewal age at scrape time, never from a cached flag."""
