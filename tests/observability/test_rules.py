@@ -1,0 +1,132 @@
+"""The Prometheus rule file: valid for promtool, its unit tests pass, and every alert is
+complete (severity, summary, description with values, a runbook section that exists) and
+tested both where it fires and where it must stay silent."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.metrics import Metrics
+from tests.support.tools import require_binary
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "sidecar" / "prometheus" / "rules.yaml"
+RULE_TESTS = Path(__file__).with_name("rules.test.yaml")
+README = REPO / "README.md"
+
+# Matches a PromQL metric name that is ours (label names and functions never start so).
+METRIC_NAME = re.compile(r"\b(leader_(?:sidecar|election)_[a-zA-Z0-9_]+)\b")
+
+
+def alerting_rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_binary("promtool"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+
+
+def test_promtool_accepts_the_rule_file() -> None:
+    """``promtool check rules``: valid YAML, PromQL and templates, no duplicate names."""
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alerting_rules())} rules found" in result.stdout
+
+
+def test_the_promtool_unit_tests_of_the_rules_pass() -> None:
+    """``promtool test rules``: each alert fires, with these labels and rendered annotations,
+    exactly in the cases the test file says, and stays silent in the others."""
+    result = promtool("test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_is_tested_firing_and_silent() -> None:
+    """The test file has, for every alert, a case where it fires and one where it must not."""
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for test in tests:
+        for case in test.get("alert_rule_test", []):
+            (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    names = {rule["alert"] for rule in alerting_rules()}
+    assert names - fired == set(), "alerts never tested firing"
+    assert names - silent == set(), "alerts never tested silent"
+
+
+@pytest.mark.parametrize("rule", alerting_rules(), ids=lambda rule: rule["alert"])
+def test_every_alert_says_how_bad_what_and_where_to_look(rule: dict[str, Any]) -> None:
+    """Severity, a summary naming the lease, a description with the values, a runbook URL."""
+    assert rule["alert"].startswith("LeaderSidecar")
+    assert rule["labels"]["severity"] in ("warning", "critical")
+    annotations = rule["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert "$labels.lease" in annotations["summary"]
+    assert "$labels.lease" in annotations["description"]
+    assert "$value" in annotations["summary"] + annotations["description"]
+    assert annotations["runbook_url"] == f"README.md#{rule['alert'].lower()}"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """Anchors GitHub generates for headings: lower case, punctuation dropped, spaces → -."""
+    anchors = set()
+    for line in markdown.splitlines():
+        match = re.match(r"#{1,6}\s+(.*)", line)
+        if match:
+            text = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def test_every_runbook_link_points_at_a_readme_section() -> None:
+    """The runbook anchors exist in README.md, one section per alert."""
+    anchors = github_anchors(README.read_text())
+    for rule in alerting_rules():
+        anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
+        assert anchor in anchors, f"README.md has no section for {rule['alert']}"
+
+
+def exported_series_names() -> set[str]:
+    """Every series name a sidecar exports (histograms as _bucket/_sum/_count)."""
+    registry = CollectorRegistry()
+    Metrics(registry, "default", 15.0)
+    text = generate_latest(registry).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples} | {
+        "leader_sidecar_store_request_duration_seconds_bucket",  # exported after a request
+        "leader_sidecar_store_request_duration_seconds_sum",
+        "leader_sidecar_store_request_duration_seconds_count",
+    }
+
+
+def test_the_rules_read_only_metrics_the_sidecar_exports() -> None:
+    """A renamed metric would silence an alert without any error: every name in an
+    expression must be one the sidecar exports."""
+    exported = exported_series_names()
+    for rule in alerting_rules():
+        used = set(METRIC_NAME.findall(rule["expr"]))
+        assert used, rule["alert"]
+        assert used <= exported, (rule["alert"], used - exported)
+
+
+def test_the_rule_file_ships_inside_the_package() -> None:
+    """The chart and users find it next to the code: ``sidecar/prometheus/rules.yaml``."""
+    shipped = resources.files("sidecar").joinpath("prometheus", "rules.yaml")
+    assert shipped.is_file()
+    assert yaml.safe_load(shipped.read_text())["groups"]
