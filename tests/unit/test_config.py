@@ -155,3 +155,18 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
     ):
         assert flag in result.stdout
         assert env in result.stdout.replace("\n", "").replace(" ", "")
+
+
+def test_the_embedded_store_imports_no_redis_or_kubernetes_client() -> None:
+    """A store's client library is imported only when that store is chosen."""
+    code = (
+        "import sys\n"
+        "from sidecar.config import load\n"
+        "from sidecar.app import Sidecar\n"
+        "Sidecar(load(['--store', 'sqlite:////tmp/imports.db'], environ={}))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('redis', 'kubernetes')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert result.stdout.strip() == "[]"
