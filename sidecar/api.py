@@ -3,7 +3,6 @@ Prometheus. Every answer about leadership is computed at request time (rule 4)."
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 
@@ -69,8 +68,8 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             else:
                 status = changed
                 await response.write(_sse(status))
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+    except ConnectionResetError:
+        pass  # the client went away
     return response
 
 

@@ -478,8 +478,15 @@ class Elector:
     # -- the watch ----------------------------------------------------------------------
 
     async def _follow_watch(self) -> None:
-        async for record in self.store.watch():
-            self.on_watch(record)
+        """Stores reconnect their watch themselves; this guards against a bug in one, since
+        without a watch followers still take over at the observed expiry, only slower."""
+        while True:
+            try:
+                async for record in self.store.watch():
+                    self.on_watch(record)
+            except Exception:
+                logger.exception("the lease watch failed; restarting it")
+            await asyncio.sleep(self.timing.retry_period)
 
     def on_watch(self, record: LeaseRecord | None) -> None:
         """React to a change seen by the store's watch, without a store call."""
