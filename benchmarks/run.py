@@ -8,7 +8,7 @@ What it measures, on real sidecar processes (3 replicas unless said otherwise):
 - failover after a crash: SIGKILL the leader → first 200 from another replica
 - hand-off after a release: SIGTERM the leader → first 200 from another replica
 - demotion latency: the store stalls (SQLite: another process holds the write lock; Redis:
-  SIGSTOP) → the leader's first 503, next to the bound it promises (lease − safety margin
+  SIGSTOP) → the leader's first 503, next to the bound it promises (lease - safety margin
   after its last renewal) and the earliest the store could let another replica in
 - /leader requests per second and latency (wrk if installed, else an aiohttp client)
 - store requests per second per replica in steady state (from the metrics)
@@ -164,7 +164,8 @@ async def hand_over(store: Store, lease: str, signum: int, rounds: int) -> list[
                 began = time.time()
                 leader.signal(signum)
                 successor = await observer.wait_for(
-                    lambda s: s.leader and s.name != first.name and s.sent >= began, timeout=60
+                    lambda s, f=first.name, t=began: s.leader and s.name != f and s.sent >= t,
+                    timeout=60,
                 )
                 times.append(successor.received - began)
     return times
@@ -184,7 +185,7 @@ async def demotion(store: Store, lease: str, rounds: int) -> list[tuple[float, f
                 stalled = time.time()
                 try:
                     answer = await observer.wait_for(
-                        lambda s: s.status == 503 and s.sent >= stalled, timeout=60
+                        lambda s, t=stalled: s.status == 503 and s.sent >= t, timeout=60
                     )
                 finally:
                     store.unstall()
@@ -199,12 +200,14 @@ async def leader_throughput(sidecar: SidecarProcess, seconds: float = 5.0) -> Ro
     url = f"http://{sidecar.local}/leader"
     wrk = shutil.which("wrk")
     if wrk:
-        out = subprocess.run(
+        finished = await asyncio.to_thread(
+            subprocess.run,
             [wrk, "-t2", "-c32", f"-d{int(seconds)}s", "--latency", url],
             capture_output=True,
             text=True,
             check=True,
-        ).stdout
+        )
+        out = finished.stdout
         rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
         p50 = re.search(r"50%\s+([\d.]+\w+)", out)
         p99 = re.search(r"99%\s+([\d.]+\w+)", out)
