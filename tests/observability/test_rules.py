@@ -12,24 +12,18 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.metrics import Metrics
+from tests.observability.promql import (
+    REPO,
+    RULES,
+    alerting_rules,
+    exported_series_names,
+    metric_names,
+)
 from tests.support.tools import require_binary
 
-REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "sidecar" / "prometheus" / "rules.yaml"
 RULE_TESTS = Path(__file__).with_name("rules.test.yaml")
 README = REPO / "README.md"
-
-# Matches a PromQL metric name that is ours (label names and functions never start so).
-METRIC_NAME = re.compile(r"\b(leader_(?:sidecar|election)_[a-zA-Z0-9_]+)\b")
-
-
-def alerting_rules() -> list[dict[str, Any]]:
-    document = yaml.safe_load(RULES.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -103,24 +97,12 @@ def test_every_runbook_link_points_at_a_readme_section() -> None:
         assert anchor in anchors, f"README.md has no section for {rule['alert']}"
 
 
-def exported_series_names() -> set[str]:
-    """Every series name a sidecar exports (histograms as _bucket/_sum/_count)."""
-    registry = CollectorRegistry()
-    Metrics(registry, "default", 15.0)
-    text = generate_latest(registry).decode()
-    return {s.name for f in text_string_to_metric_families(text) for s in f.samples} | {
-        "leader_sidecar_store_request_duration_seconds_bucket",  # exported after a request
-        "leader_sidecar_store_request_duration_seconds_sum",
-        "leader_sidecar_store_request_duration_seconds_count",
-    }
-
-
 def test_the_rules_read_only_metrics_the_sidecar_exports() -> None:
     """A renamed metric would silence an alert without any error: every name in an
     expression must be one the sidecar exports."""
     exported = exported_series_names()
     for rule in alerting_rules():
-        used = set(METRIC_NAME.findall(rule["expr"]))
+        used = metric_names(rule["expr"])
         assert used, rule["alert"]
         assert used <= exported, (rule["alert"], used - exported)
 
