@@ -1,0 +1,96 @@
+"""The Kubernetes store: a ``coordination.k8s.io/v1`` Lease through the official asyncio client
+(``kubernetes.aio``), plus what only Kubernetes can do on a transition: relabel pods and record
+Events.
+
+* `store` — the lease store (observe-based expiry, compare-and-swap, the watch).
+* `client` — client setup, request deadlines, error mapping, MicroTime.
+* `demotion` — the pod role label and the Events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
+from sidecar.backends.kubernetes.store import KubernetesLeaseStore
+from sidecar.config import ConfigError
+from sidecar.logs import log
+
+if TYPE_CHECKING:
+    from sidecar.backends.base import LeaseStore
+    from sidecar.config import Config
+    from sidecar.demotion import Action
+    from sidecar.elector import GapAlert
+
+logger = logging.getLogger("sidecar.kubernetes")
+
+__all__ = [
+    "KubernetesLeaseStore",
+    "demotion_actions",
+    "gap_alert_listener",
+    "open_kubernetes_store",
+]
+
+
+def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
+    """The store for ``--store kubernetes``: the kubeconfig if one is given (``--kubeconfig``
+    or ``KUBECONFIG``), else the pod's service account."""
+    if not config.kubeconfig and not in_cluster():
+        raise ConfigError(
+            "--store",
+            config.store,
+            "not running in a Kubernetes pod (no KUBERNETES_SERVICE_HOST or no service account "
+            f"token at {SERVICE_ACCOUNT_TOKEN}); give --kubeconfig or KUBECONFIG to run outside "
+            "a cluster",
+        )
+    api = KubeApi(config.kubeconfig, config.timing.request_timeout)
+    return KubernetesLeaseStore(
+        config.namespace,
+        config.lease,
+        api=api,
+        default_duration=config.timing.lease_duration,
+    )
+
+
+def _api_of(config: Config, store: LeaseStore) -> tuple[KubeApi, Callable[[], str | None]]:
+    if isinstance(store, KubernetesLeaseStore):
+        return store.api, lambda: store.uid
+    # A store injected by a test: same API server, its own client.
+    return KubeApi(config.kubeconfig, config.timing.request_timeout), lambda: None
+
+
+def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
+    """Relabel pods, then record the Event, on every transition."""
+    from sidecar.backends.kubernetes.demotion import LeaseEvents, PodRoleLabel
+
+    api, lease_uid = _api_of(config, store)
+    actions: list[Action] = []
+    if config.role_label_key and config.pod_name:
+        actions.append(PodRoleLabel(api, config.namespace, config.pod_name, config.role_label_key))
+    else:
+        log(
+            logger,
+            "info",
+            "not labelling pods with their role",
+            why="--role-label-key is empty" if not config.role_label_key else "POD_NAME is not set",
+            hint="set POD_NAME from the downward API (fieldRef: metadata.name)",
+        )
+    actions.append(
+        LeaseEvents(
+            api, config.namespace, config.lease, config.identity, config.pod_name, lease_uid
+        )
+    )
+    return actions
+
+
+def gap_alert_listener(config: Config, store: LeaseStore) -> Callable[[GapAlert], Awaitable[None]]:
+    """A Warning Event for each renewal gap past half the lease."""
+    from sidecar.backends.kubernetes.demotion import LeaseEvents
+
+    api, lease_uid = _api_of(config, store)
+    events = LeaseEvents(
+        api, config.namespace, config.lease, config.identity, config.pod_name, lease_uid
+    )
+    return events.gap

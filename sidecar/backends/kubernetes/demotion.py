@@ -1,0 +1,217 @@
+"""Demoting the pod on Kubernetes: the role label and the Events.
+
+Role label (``leader-sidecar/role`` by default, ``--role-label-key``): on every transition this
+pod is labelled ``leader`` or ``follower``. The new leader first relabels the previous holder's
+pod ``follower`` (its pod name is the identity before the last ``_``) and then labels itself
+``leader``, so a Service selecting ``role=leader`` reaches one pod even when the old sidecar
+died without demoting itself. Labels are JSON merge patches of ``metadata.labels`` only.
+
+Events: one core/v1 Event per transition, about the Lease (``involvedObject``), with this pod
+as ``related``. The Lease is the subject because leadership is a property of the Lease: every
+replica's transitions land in one timeline (``kubectl describe lease NAME``, or
+``kubectl get events --field-selector involvedObject.name=NAME``), as client-go's leader
+election records them. Renewal gaps past half the lease are Warning Events too.
+
+Both are best effort with a few quick retries: ``/leader`` already answered 503 before any of
+this runs, and a failed label never blocks the election.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sidecar.backends.kubernetes.client import CallError, KubeApi, Time
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.elector import GapAlert, Role, Transition
+from sidecar.logs import log
+
+logger = logging.getLogger("sidecar.kubernetes")
+
+COMPONENT = "leader-sidecar"
+REASON = "LeaderElection"  # client-go's reason, so existing queries find ours too
+GAP_REASON = "LeaseRenewalGap"
+ATTEMPTS = 3
+
+_STOPPED = {
+    "lost": ("Warning", "another replica holds the lease now, or it was deleted"),
+    "deadline": (
+        "Warning",
+        "no renewal was confirmed before its deadline (API slow or unreachable)",
+    ),
+    "released": ("Normal", "released on request"),
+    "shutdown": ("Normal", "released on shutdown"),
+}
+
+
+def pod_of(identity: str | None) -> str | None:
+    """The pod name inside an identity ``<pod>_<suffix>``."""
+    if not identity or "_" not in identity:
+        return None
+    return identity.rpartition("_")[0] or None
+
+
+async def _attempts(op: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    """A few tries for transient failures (no answer, 429, 5xx); others fail at once."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return await call()
+        except CallError as error:
+            if not error.transient or attempt == ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+class PodRoleLabel:
+    """Labels this pod (and, on becoming leader, the previous holder's pod)."""
+
+    name = "pod-role-label"
+
+    def __init__(self, api: KubeApi, namespace: str, pod_name: str, key: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.pod_name = pod_name
+        self.key = key
+
+    async def __call__(self, transition: Transition) -> None:
+        if transition.role is Role.LEADER:
+            previous = pod_of(transition.previous_holder)
+            if previous and previous != self.pod_name:
+                await self.label(previous, "follower", missing_ok=True)
+            await self.label(self.pod_name, "leader")
+        else:
+            await self.label(self.pod_name, "follower")
+
+    async def label(self, pod: str, role: str, *, missing_ok: bool = False) -> None:
+        core = await self.api.core()
+        patch = {"metadata": {"labels": {self.key: role}}}
+        try:
+            await _attempts(
+                "label pod",
+                lambda: self.api.call(
+                    "label pod",
+                    lambda: core.patch_namespaced_pod(
+                        pod,
+                        self.namespace,
+                        patch,
+                        _content_type="application/merge-patch+json",
+                        _request_timeout=self.api.request_timeout,
+                    ),
+                ),
+            )
+        except CallError as error:
+            if error.status == 404 and missing_ok:
+                log(logger, "info", "previous leader's pod is gone; nothing to relabel", pod=pod)
+                return
+            if error.status == 404:
+                raise RuntimeError(
+                    f"pod {self.namespace}/{pod} not found: set POD_NAME (or --pod-name) from "
+                    "the downward API (fieldRef: metadata.name)"
+                ) from None
+            raise RuntimeError(
+                f"could not label pod {self.namespace}/{pod} {role}: {error}"
+            ) from None
+        log(logger, "info", "labelled pod", pod=pod, label=f"{self.key}={role}")
+
+
+class LeaseEvents:
+    """Records a core/v1 Event about the Lease for every transition and renewal gap."""
+
+    name = "kubernetes-event"
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        lease: str,
+        identity: str,
+        pod_name: str | None,
+        lease_uid: Callable[[], str | None],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.lease = lease
+        self.identity = identity
+        self.pod_name = pod_name
+        self.lease_uid = lease_uid
+        self.clock = clock
+
+    async def __call__(self, transition: Transition) -> None:
+        term = transition.status.term
+        if transition.role is Role.LEADER:
+            previous = transition.previous_holder or "none"
+            message = f"{self.identity} became leader (term {term}; previous holder: {previous})"
+            await self.record("Normal", REASON, message, "Acquired")
+            return
+        kind, why = _STOPPED.get(transition.reason, ("Warning", transition.reason))
+        message = f"{self.identity} stopped leading (term {term}): {why}"
+        await self.record(kind, REASON, message, "Stopped")
+
+    async def gap(self, alert: GapAlert) -> None:
+        state = "still growing" if alert.growing else "then renewed"
+        message = (
+            f"{self.identity}: {alert.gap:.2f}s without a confirmed renewal on a "
+            f"{alert.lease_duration:g}s lease ({state})"
+        )
+        if alert.last_error:
+            message += f"; last error: {alert.last_error}"
+        try:
+            await self.record("Warning", GAP_REASON, message[:1024], "RenewalGap")
+        except Exception as exc:
+            log(logger, "warning", "could not record the renewal-gap Event", error=str(exc))
+
+    async def record(self, kind: str, reason: str, message: str, action: str) -> None:
+        from kubernetes.aio import client
+
+        core = await self.api.core()
+        now = Time.at(self.clock.wall())
+        involved = client.V1ObjectReference(
+            api_version="coordination.k8s.io/v1",
+            kind="Lease",
+            name=self.lease,
+            namespace=self.namespace,
+            uid=self.lease_uid(),
+        )
+        related = (
+            client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=self.pod_name, namespace=self.namespace
+            )
+            if self.pod_name
+            else None
+        )
+        event = client.CoreV1Event(
+            api_version="v1",
+            kind="Event",
+            metadata=client.V1ObjectMeta(
+                name=f"{self.lease}.{time.time_ns():x}", namespace=self.namespace
+            ),
+            involved_object=involved,
+            related=related,
+            reason=reason,
+            message=message,
+            type=kind,
+            action=action,
+            source=client.V1EventSource(component=COMPONENT),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component=COMPONENT,
+            reporting_instance=self.identity[:128],
+        )
+        try:
+            await _attempts(
+                "create event",
+                lambda: self.api.call(
+                    "create event",
+                    lambda: core.create_namespaced_event(
+                        self.namespace, event, _request_timeout=self.api.request_timeout
+                    ),
+                ),
+            )
+        except CallError as error:
+            raise RuntimeError(f"could not record the Event '{message}': {error}") from None

@@ -1,0 +1,56 @@
+"""The Kubernetes store against the fake API server (in this process, on a free port),
+through the real ``kubernetes.aio`` client and a kubeconfig, as the sidecar runs outside a
+cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+from sidecar.backends.kubernetes import KubernetesLeaseStore
+from sidecar.backends.kubernetes.client import KubeApi
+from tests.contract.harness import HarnessIterator
+from tests.fakekube import FakeApiServer, running, write_kubeconfig
+from tests.fakekube.wire import LEASES
+
+NAMESPACE = "demo"
+LEASE = "contract"
+
+
+class KubernetesHarness:
+    def __init__(self, fake: FakeApiServer, kubeconfig: Path) -> None:
+        self.fake = fake
+        self.kubeconfig = kubeconfig
+        self.stores: list[KubernetesLeaseStore] = []
+
+    def new_store(self) -> KubernetesLeaseStore:
+        store = KubernetesLeaseStore(
+            NAMESPACE,
+            LEASE,
+            api=KubeApi(str(self.kubeconfig), request_timeout=5.0),
+            default_duration=30.0,
+        )
+        self.stores.append(store)
+        return store
+
+    async def reset(self) -> None:
+        """Delete the Lease object, as an operator's ``kubectl delete lease`` would."""
+        if self.fake.cluster.get(LEASES, NAMESPACE, LEASE) is not None:
+            self.fake.cluster.delete(LEASES, NAMESPACE, LEASE)
+
+
+@contextlib.asynccontextmanager
+async def kubernetes_harness() -> HarnessIterator:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with running() as fake:
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", fake.url, NAMESPACE)
+            harness = KubernetesHarness(fake, kubeconfig)
+            try:
+                yield harness
+            finally:
+                for store in harness.stores:
+                    await store.close()
+
+
+HARNESS = kubernetes_harness

@@ -1,0 +1,123 @@
+"""Fault injection, set through the control endpoint (``PUT /_fake/faults``).
+
+``{"latency": 0.5, "latency_match": {...},
+   "errors": [{"status": 500, "count": 3, "match": {"verbs": ["update"], "resources": ["leases"]}}],
+   "forbid": [{"verbs": ["patch"], "resources": ["pods"]}]}``
+
+* ``latency``: seconds added before answering every matching API request (a stalled server).
+* ``errors``: answer matching requests with this status instead of serving them: 500
+  (InternalError), 503, 429 (TooManyRequests, ``Retry-After: 1``) or 409 (the exact Conflict
+  body, as a lost compare-and-swap race would); ``count`` limits how many (absent: forever),
+  ``every`` answers only every n-th matching request.
+* ``forbid``: answer 403 Forbidden with the RBAC message, as a missing Role rule would.
+
+A match has optional ``verbs`` (get, list, watch, create, update, patch, delete),
+``resources`` (leases, pods, events, …) and ``names``; absent means any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class Match:
+    verbs: frozenset[str] | None = None
+    resources: frozenset[str] | None = None
+    names: frozenset[str] | None = None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any] | None) -> Match:
+        raw = raw or {}
+
+        def field(name: str) -> frozenset[str] | None:
+            value = raw.get(name)
+            return frozenset(value) if value is not None else None
+
+        return cls(field("verbs"), field("resources"), field("names"))
+
+    def matches(self, verb: str, resource: str, name: str) -> bool:
+        return (
+            (self.verbs is None or verb in self.verbs)
+            and (self.resources is None or resource in self.resources)
+            and (self.names is None or name in self.names)
+        )
+
+
+@dataclasses.dataclass
+class ErrorRule:
+    status: int
+    match: Match
+    count: int | None = None  # remaining; None = forever
+    every: int = 1
+    seen: int = 0
+
+    def take(self, verb: str, resource: str, name: str) -> bool:
+        if self.count is not None and self.count <= 0:
+            return False
+        if not self.match.matches(verb, resource, name):
+            return False
+        self.seen += 1
+        if self.seen % self.every:
+            return False
+        if self.count is not None:
+            self.count -= 1
+        return True
+
+
+@dataclasses.dataclass
+class Faults:
+    latency: float = 0.0
+    latency_match: Match = dataclasses.field(default_factory=Match)
+    errors: list[ErrorRule] = dataclasses.field(default_factory=list)
+    forbid: list[Match] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Faults:
+        allowed = {"latency", "latency_match", "errors", "forbid"}
+        unknown = set(raw) - allowed
+        if unknown:
+            raise ValueError(f"unknown fault settings {sorted(unknown)}; allowed {sorted(allowed)}")
+        errors = []
+        for rule in raw.get("errors", []):
+            if rule.get("status") not in (409, 429, 500, 503, 504):
+                raise ValueError("errors[].status must be one of 409, 429, 500, 503, 504")
+            errors.append(
+                ErrorRule(
+                    status=int(rule["status"]),
+                    match=Match.parse(rule.get("match")),
+                    count=rule.get("count"),
+                    every=int(rule.get("every", 1)),
+                )
+            )
+        return cls(
+            latency=float(raw.get("latency", 0.0)),
+            latency_match=Match.parse(raw.get("latency_match")),
+            errors=errors,
+            forbid=[Match.parse(item) for item in raw.get("forbid", [])],
+        )
+
+    def delay_for(self, verb: str, resource: str, name: str) -> float:
+        if self.latency > 0 and self.latency_match.matches(verb, resource, name):
+            return self.latency
+        return 0.0
+
+    def error_for(self, verb: str, resource: str, name: str) -> int | None:
+        for rule in self.errors:
+            if rule.take(verb, resource, name):
+                return rule.status
+        return None
+
+    def forbidden(self, verb: str, resource: str, name: str) -> bool:
+        return any(match.matches(verb, resource, name) for match in self.forbid)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "latency": self.latency,
+            "errors": [
+                {"status": rule.status, "remaining": rule.count, "seen": rule.seen}
+                for rule in self.errors
+            ],
+            "forbid": len(self.forbid),
+        }
