@@ -19,7 +19,11 @@ EXIT_CONFIG = 2
 async def serve(config: Config) -> int:
     from sidecar.app import Sidecar
 
-    sidecar = Sidecar(config)
+    try:
+        sidecar = Sidecar(config)
+    except ConfigError as exc:  # a store's own checks, e.g. a TLS file that does not load
+        print(f"leader-sidecar: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         await sidecar.start()
     except OSError as exc:

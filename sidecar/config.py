@@ -292,6 +292,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--redis-cert-file", parse_text, "client certificate for Redis TLS", "PATH"),
     Option("--redis-key-file", parse_text, "client key for Redis TLS", "PATH"),
     Option(
+        "--redis-sentinel-password",
+        parse_text,
+        "password of the Sentinels themselves (redis+sentinel://; prefer the environment "
+        "variable)",
+        "PASSWORD",
+    ),
+    Option(
         "--redis-min-replicas",
         parse_count,
         "a grant counts only after this many replicas acknowledged it (WAIT); default 0",
@@ -401,6 +408,7 @@ class Config:
     redis_cert_file: str | None = None
     redis_key_file: str | None = None
     redis_min_replicas: int = 0
+    redis_sentinel_password: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def lease_ref(self) -> str:
@@ -539,6 +547,7 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         redis_cert_file=values.get("redis_cert_file"),
         redis_key_file=values.get("redis_key_file"),
         redis_min_replicas=values.get("redis_min_replicas", 0),
+        redis_sentinel_password=values.get("redis_sentinel_password"),
     )
 
 
