@@ -37,7 +37,7 @@ EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
 }
 ROLES = {"leader", "follower"}
 REASONS = {"lost", "deadline", "released", "shutdown"}
-OPS = {"read", "acquire", "renew", "release"}
+OPS = {"acquire", "renew", "release"}
 OUTCOMES = {"ok", "timeout", "held", "not_owned", "conflict", "unavailable", "cancelled", "error"}
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)
