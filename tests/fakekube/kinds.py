@@ -453,8 +453,24 @@ class EventKind(Kind):
                 )
             )
         if obj.get("eventTime"):
-            if not obj.get("reportingComponent"):
+            component = obj.get("reportingComponent") or ""
+            if not component:
                 causes.append(("reportingComponent", "Required value", _CAUSE_REQUIRED))
+                causes.append(
+                    (
+                        "reportingComponent",
+                        'Invalid value: "": name part must be non-empty',
+                        _CAUSE_INVALID,
+                    )
+                )
+            if not component or wire.label_key_errors(component):
+                causes.append(
+                    (
+                        "reportingComponent",
+                        f"Invalid value: {wire.quote(component)}: {wire.NAME_PART_HELP}",
+                        _CAUSE_INVALID,
+                    )
+                )
             if not obj.get("reportingInstance"):
                 causes.append(("reportingInstance", "Required value", _CAUSE_REQUIRED))
             if not obj.get("action"):

@@ -228,6 +228,13 @@ class FakeApiServer:
     ) -> web.StreamResponse:
         resource = route.resource[1] if route else ""
         name = (route.name or "") if route else ""
+        if verb in ("list", "watch"):
+            # As the real RequestInfo does: a list/watch selecting one name by field selector
+            # is authorized (and RBAC resourceNames apply) as a request for that name.
+            selected = re.fullmatch(
+                r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", "")
+            )
+            name = selected[1] if selected else ""
         delay = self.faults.delay_for(verb, resource, name)
         if delay:
             await asyncio.sleep(delay)
@@ -546,6 +553,7 @@ class FakeApiServer:
                 "the namespace of the provided object does not match the namespace sent on the "
                 "request"
             )
+        meta["namespace"] = namespace
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = generate_name(str(meta["generateName"]))
         kind.validate(obj, None)
@@ -870,7 +878,9 @@ class FakeApiServer:
                         "kind": "ListOptions",
                         "causes": [
                             {
-                                "reason": "FieldValueForbidden",
+                                "reason": "FieldValueForbidden"
+                                if "Forbidden" in problem
+                                else "FieldValueNotSupported",
                                 "message": problem.split(": ", 1)[1],
                                 "field": "resourceVersionMatch",
                             }
@@ -918,7 +928,10 @@ class FakeApiServer:
                 return wire.dumps({"type": change_type, "object": body})
             return wire.dumps({"type": change_type, "object": kind.output(obj)})
 
+        bookmarked: list[int] = []
+
         def bookmark(initial_end: bool = False) -> bytes:
+            bookmarked.append(self.cluster.rv)
             metadata: JsonObj = {"resourceVersion": str(self.cluster.rv)}
             if initial_end:
                 metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
@@ -965,7 +978,9 @@ class FakeApiServer:
                     await response.write_eof()
                     return response
                 if next_bookmark is not None and now >= next_bookmark:
-                    await response.write(bookmark())
+                    # As recorded, a bookmark repeating the last bookmark's RV is not sent.
+                    if not bookmarked or bookmarked[-1] != self.cluster.rv:
+                        await response.write(bookmark())
                     next_bookmark = now + _BOOKMARK_EVERY
                 wake = min(t for t in (deadline, next_bookmark, now + 1.0) if t is not None)
                 try:

@@ -124,7 +124,11 @@ def precondition_conflict(
             "Conflict",
             f'Operation cannot be fulfilled on {ref} "{name}": the {field} in the precondition '
             f"({wanted}) does not match the {field} in record ({actual}). "
-            "The object might have been modified",
+            + (
+                "The object might have been modified"
+                if what == "resourceVersion"
+                else "The object might have been deleted and then recreated"
+            ),
             _details(resource, name, kind),
         ),
     )
@@ -147,7 +151,8 @@ def invalid(
     else:
         ref = f"{kind}.{group}" if group else kind
         details_kind = kind
-    parts = [f"{field}: {message}" for field, message, _ in causes]
+    # The summary lists each distinct error once (Go's ToAggregate); causes keep duplicates.
+    parts = list(dict.fromkeys(f"{field}: {message}" for field, message, _ in causes))
     summary = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     details = _details(resource, name, details_kind)
     details["causes"] = [
@@ -270,7 +275,7 @@ _MICRO_ELEMENTS: tuple[tuple[str, str], ...] = (
     ("04", r"\d{2}"),
     (":", ":"),
     ("05", r"\d{2}"),
-    (".000000", r"\.\d{6}(?!\d)"),
+    (".000000", r"\.\d{6}"),
     ("Z07:00", r"Z|[+-]\d{2}:\d{2}"),
 )
 
@@ -426,7 +431,11 @@ def ordered(value: JsonObj, order: tuple[str, ...]) -> JsonObj:
 
 
 def ordered_metadata(metadata: JsonObj) -> JsonObj:
-    return ordered(metadata, _METADATA_ORDER)
+    out = ordered(metadata, _METADATA_ORDER)
+    for field in ("labels", "annotations"):  # Go maps: encoding/json writes keys sorted
+        if isinstance(out.get(field), dict):
+            out[field] = dict(sorted(out[field].items()))
+    return out
 
 
 METADATA_FIELDS = frozenset(_METADATA_ORDER)
