@@ -269,6 +269,12 @@ class Elector:
 
     async def _renew(self, sent: float) -> float:
         budget = min(self.timing.request_timeout, self._valid_until - sent)
+        # A renewal still in flight at the half-lease mark is a growing gap too: alert on
+        # time, not when (or if) the request comes back.
+        half_mark = self._last_renewal_sent + self.timing.lease_duration / 2
+        alarm = asyncio.get_running_loop().call_later(
+            max(0.0, half_mark - sent) + 0.001, lambda: self._check_growing_gap(self._clock.now())
+        )
         try:
             record = await self._call(
                 "renew",
@@ -287,6 +293,8 @@ class Elector:
                 self._demote("deadline")
                 return self._retry_delay()
             return min(self._retry_delay(), self._valid_until - now)
+        finally:
+            alarm.cancel()
         if self._clock.now() >= self._valid_until:
             # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
             # leading for real; the next step re-acquires under a new term.

@@ -15,9 +15,10 @@ def open_store(config: Config) -> LeaseStore:
     if scheme == "sqlite":
         from sidecar.backends.sqlite import SQLiteLeaseStore, sqlite_path
 
-        return SQLiteLeaseStore(
-            sqlite_path(config.store), config.lease, busy_timeout=config.timing.request_timeout
-        )
+        # SQLite gives up waiting for the write lock a little before the request's own
+        # deadline, so a locked file reports "database is locked" and frees its thread.
+        busy_timeout = 0.8 * config.timing.request_timeout
+        return SQLiteLeaseStore(sqlite_path(config.store), config.lease, busy_timeout=busy_timeout)
     if scheme in ("redis", "rediss", "redis+sentinel"):
         from sidecar.backends.redis import open_redis_store
 
