@@ -372,3 +372,36 @@ async def test_a_long_poll_returns_as_soon_as_the_state_changes(world: World) ->
     status = await asyncio.wait_for(waiter, timeout=1)
     assert status.leader
     assert status.etag != etag
+
+
+async def test_a_renewal_hanging_past_half_the_lease_alerts_while_still_in_flight() -> None:
+    """With a long request timeout the renewal is still out at the half-lease mark: the
+    growing-gap alert fires then, not when the request finally fails."""
+    timing = Timing(lease_duration=2.0, renew_interval=0.5, retry_period=0.2, request_timeout=0.9)
+    state = MemoryLeaseState()
+    store = StrictStore(state)
+    elector = Elector(
+        store,
+        timing,
+        "a_0000",
+        "unit",
+        metrics=Metrics(CollectorRegistry(), "unit", timing.lease_duration),
+    )
+    await elector.step()
+    hang = asyncio.Event()
+    alerts: list[float] = []
+    elector.on_gap_alert(lambda alert: alerts.append(elector._clock.now()))
+
+    async def hanging_renew(*args: object) -> LeaseRecord:
+        await hang.wait()
+        raise AssertionError("unreachable")
+
+    store.renew = hanging_renew  # type: ignore[method-assign, assignment]
+    await asyncio.sleep(timing.renew_interval)
+    half_mark = elector._last_renewal_sent + timing.lease_duration / 2
+    renewing = asyncio.create_task(elector.step())
+    await asyncio.sleep(half_mark - elector._clock.now() + 0.05)
+    assert not renewing.done(), "the renewal should still be in flight"
+    assert len(alerts) == 1
+    await renewing
+    assert len(alerts) == 1
