@@ -514,8 +514,15 @@ class RedisLeaseStore:
                 f"--redis-ca-file ({ca}) holds the CA that signed it and that the certificate "
                 "names the host in --store"
             )
-        if any(isinstance(e, ssl.SSLError) for e in chain):
+        if "CERTIFICATE_REQUIRED" in text.upper().replace(" ", "_"):
+            return "error", (
+                f"TLS: the server requires a client certificate ({text}); give "
+                "--redis-cert-file and --redis-key-file"
+            )
+        if any(isinstance(e, ssl.SSLError) for e in chain) or "[SSL" in text:
             return "error", f"TLS handshake failed: {text}"
+        if not self.target.tls and "reset by peer" in text:
+            return "warning", f"{text} (if the server only speaks TLS, use rediss://)"
         if isinstance(exc, RedisTimeoutError | TimeoutError):
             return "warning", f"no answer within {self.request_timeout:g}s ({text})"
         if isinstance(exc, BusyLoadingError):

@@ -233,10 +233,27 @@ class RedisServer:
     # -- replication ----------------------------------------------------------------------
 
     def replicate(self, master: RedisServer, timeout: float = 10.0) -> None:
-        """Become a replica of ``master`` and wait until the link is up."""
+        """Become a replica of ``master`` and wait until both sides see the link up: after a
+        diskless sync the master counts the replica (for WAIT) only after its first ack."""
         with self.client() as client:
             client.replicaof("127.0.0.1", master.port)
         self.wait_replica_linked(timeout)
+
+        def online() -> bool:
+            with master.client() as client:
+                info = client.info("replication")
+            return any(
+                isinstance(v, dict) and v.get("port") == self.port and v.get("state") == "online"
+                for v in info.values()
+            )
+
+        wait_until(online, timeout, f"master :{master.port} counts replica :{self.port}")
+        # The first WAIT after a sync can take until the replica's periodic ack (1 s); have it
+        # happen here rather than in the test.
+        with master.client() as client:
+            client.set("tests:warm-up", self.port)
+            replicas = int(client.info("replication")["connected_slaves"])
+            assert client.wait(replicas, int(timeout * 1000)) >= replicas
 
     def wait_replica_linked(self, timeout: float = 10.0) -> None:
         with self.client() as client:

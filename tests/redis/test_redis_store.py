@@ -1,0 +1,354 @@
+"""The Redis store against a real redis-server: what the contract suite cannot see from the
+outside — server-side TTL, the term counter, pub/sub, error mapping, bounded requests, WAIT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.backends.base import LeaseHeld, NotOwned, StoreUnavailable
+from sidecar.backends.redis import lease_keys
+from tests.redis.conftest import StoreFactory
+from tests.redis.servers import RedisServer, wait_until
+from tests.redis.watching import next_matching, watching
+
+pytestmark = pytest.mark.slow
+
+HOLDER, TERM, CHANNEL = lease_keys("t")
+
+
+# -- the lease in Redis ---------------------------------------------------------------------
+
+
+async def test_a_grant_lives_exactly_as_long_as_the_servers_ttl(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """expires_in is the key's PTTL; when the TTL runs out the key is gone and the lease free,
+    with its term still readable from the counter."""
+    store = make_store(server.url)
+    granted = await store.try_acquire("a_1", 0.4, 0)
+    assert 0.35 < granted.expires_in <= 0.4
+    with server.client() as client:
+        assert 300 < client.pttl(HOLDER) <= 400
+        assert client.ttl(TERM) == -1  # the counter never expires
+    held = await store.read()
+    assert held is not None
+    assert held.holder == "a_1"
+    assert 0 < held.expires_in <= 0.4
+    wait_until(lambda: not server.client().exists(HOLDER), 2.0, "the key expired")
+    after = await store.read()
+    assert after is not None
+    assert (after.holder, after.term, after.expires_in, after.free) == (None, granted.term, 0, True)
+
+
+async def test_the_value_is_json_a_human_can_read_with_redis_cli(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    store = make_store(server.url)
+    granted = await store.try_acquire("a_1", 5.0, 0)
+    with server.client() as client:
+        value = json.loads(client.get(HOLDER))
+    assert value["holder"] == "a_1"
+    assert value["term"] == granted.term
+    assert value["duration_ms"] == 5000
+    assert value["acquired_at"] == value["renewed_at"]
+    assert granted.acquired_at is not None
+    assert value["acquired_at"] == granted.acquired_at.isoformat()
+
+
+async def test_a_grant_raises_the_counter_to_the_callers_high_water_mark(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """When min_term wins over INCR, the counter is set to the new term, so the next grant by
+    a caller that knows no high-water mark still goes above it."""
+    store = make_store(server.url)
+    first = await store.try_acquire("a_1", 5.0, 41)
+    assert first.term == 42
+    with server.client() as client:
+        assert client.get(TERM) == "42"
+    await store.release("a_1", 42)
+    second = await store.try_acquire("b_1", 5.0, 0)
+    assert second.term == 43
+
+
+async def test_a_lapsed_grant_cannot_be_renewed(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Once the server's TTL ran out, the old holder must acquire anew (with a new term)."""
+    store = make_store(server.url)
+    granted = await store.try_acquire("a_1", 0.2, 0)
+    wait_until(lambda: not server.client().exists(HOLDER), 2.0, "the key expired")
+    with pytest.raises(NotOwned) as refused:
+        await store.renew("a_1", granted.term, 5.0)
+    assert refused.value.record is not None
+    assert refused.value.record.holder is None
+    again = await store.try_acquire("a_1", 5.0, 0)
+    assert again.term == granted.term + 1
+
+
+async def test_a_held_lease_reports_the_holders_remaining_ttl(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Followers schedule their next attempt at this PTTL instead of polling."""
+    a, b = make_store(server.url), make_store(server.url)
+    await a.try_acquire("a_1", 3.0, 0)
+    await asyncio.sleep(0.3)
+    with pytest.raises(LeaseHeld) as held:
+        await b.try_acquire("b_1", 3.0, 0)
+    record = held.value.record
+    assert record is not None
+    assert record.holder == "a_1"
+    assert 2.4 < record.expires_in < 2.8
+
+
+async def test_grants_and_releases_are_published_on_the_lease_channel(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    with server.client() as client, client.pubsub() as pubsub:
+        pubsub.subscribe(CHANNEL)
+        assert pubsub.get_message(timeout=2)["type"] == "subscribe"
+        store = make_store(server.url)
+        granted = await store.try_acquire("a_1", 5.0, 0)
+        await store.renew("a_1", granted.term, 5.0)  # renewals are not published
+        await store.release("a_1", granted.term)
+        messages = []
+        while (message := pubsub.get_message(timeout=0.5)) is not None:
+            messages.append(json.loads(message["data"]))
+    assert [(m.get("holder"), m["term"], m.get("released")) for m in messages] == [
+        ("a_1", granted.term, None),
+        (None, granted.term, True),
+    ]
+
+
+async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Something else writing our key must not crash the elector or look like a free lease."""
+    with server.client() as client:
+        client.set(HOLDER, "not json")
+    store = make_store(server.url)
+    with pytest.raises(StoreUnavailable, match="leader-sidecar"):
+        await store.read()
+    with pytest.raises(StoreUnavailable):
+        await store.try_acquire("a_1", 5.0, 0)
+
+
+# -- failures are StoreUnavailable, and bounded ---------------------------------------------
+
+
+async def test_a_stopped_server_is_unavailability_not_a_crash(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    store = make_store(server.url)
+    await store.try_acquire("a_1", 5.0, 0)
+    server.stop()
+    for call in (
+        store.read,
+        lambda: store.try_acquire("b_1", 5.0, 0),
+        lambda: store.renew("a_1", 1, 5.0),
+        lambda: store.release("a_1", 1),
+    ):
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{server.port}"):
+            await call()
+
+
+async def test_every_request_is_bounded_by_the_request_timeout_when_the_server_stalls(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """SIGSTOP: the TCP connection stays up, nothing answers. Each call gives up in time."""
+    store = make_store(server.url, request_timeout=0.3)
+    granted = await store.try_acquire("a_1", 5.0, 0)
+    server.pause()
+    try:
+        for call in (
+            store.read,
+            lambda: store.try_acquire("b_1", 5.0, 0),
+            lambda: store.renew("a_1", granted.term, 5.0),
+            lambda: store.release("a_1", granted.term),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match=r"no answer within 0\.3s"):
+                await call()
+            assert time.monotonic() - started < 0.3 + 0.4
+    finally:
+        server.resume()
+    renewed = await store.renew("a_1", granted.term, 5.0)  # the store recovers by itself
+    assert renewed.term == granted.term
+
+
+async def test_the_first_request_after_a_server_restart_succeeds(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """A pooled connection that died while idle is replaced once, without failing."""
+    store = make_store(server.url)
+    await store.try_acquire("a_1", 5.0, 0)
+    server.restart()
+    assert await store.read() is None  # nothing was persisted
+
+
+async def test_a_replica_answers_unavailability_saying_it_is_read_only(
+    tmp_path: Path, server: RedisServer, make_store: StoreFactory
+) -> None:
+    (tmp_path / "replica").mkdir()
+    replica = RedisServer.start(tmp_path / "replica")
+    try:
+        replica.replicate(server)
+        store = make_store(replica.url)
+        with pytest.raises(StoreUnavailable, match="read-only replica"):
+            await store.try_acquire("a_1", 5.0, 0)
+    finally:
+        replica.stop()
+
+
+async def test_the_servers_own_min_replicas_to_write_is_unavailability(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    (tmp_path / "p").mkdir()
+    primary = RedisServer.start(tmp_path / "p", ["--min-replicas-to-write", "1"])
+    try:
+        store = make_store(primary.url)
+        with pytest.raises(StoreUnavailable, match="NOREPLICAS"):
+            await store.try_acquire("a_1", 5.0, 0)
+        assert await store.read() is None  # reading still works
+    finally:
+        primary.stop()
+
+
+async def test_a_wrong_password_is_unavailability_that_names_the_setting(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    (tmp_path / "p").mkdir()
+    guarded = RedisServer.start(tmp_path / "p", password="right horse")
+    try:
+        url = f"redis://127.0.0.1:{guarded.port}/0"
+        for store in (make_store(url), make_store(url, password="wrong")):
+            with pytest.raises(StoreUnavailable, match="LEADER_SIDECAR_REDIS_PASSWORD"):
+                await store.read()
+        with_flag = make_store(f"redis://:wrong@127.0.0.1:{guarded.port}/0", password="right horse")
+        granted = await with_flag.try_acquire("a_1", 5.0, 0)
+        assert granted.holder == "a_1"
+    finally:
+        guarded.stop()
+
+
+# -- the watch ------------------------------------------------------------------------------
+
+
+async def test_the_watch_yields_the_state_on_subscribing_then_every_grant_and_release(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    follower, leader = make_store(server.url), make_store(server.url)
+    async with watching(follower) as seen:
+        assert await asyncio.wait_for(seen.get(), 2) is None  # nothing stored yet
+        granted = await leader.try_acquire("a_1", 5.0, 0)
+        record = await asyncio.wait_for(seen.get(), 1)
+        assert record is not None
+        assert (record.holder, record.term) == ("a_1", granted.term)
+        assert 4.5 < record.expires_in <= 5.0
+        await leader.release("a_1", granted.term)
+        record = await asyncio.wait_for(seen.get(), 1)
+        assert record is not None
+        assert record.free
+        assert record.term == granted.term
+
+
+async def test_the_watch_survives_a_server_restart_and_reports_the_state_it_finds(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """A release published while the watch was disconnected is not lost: on reconnecting the
+    watch reads and yields the current state, and it never raises meanwhile."""
+    follower, leader = make_store(server.url), make_store(server.url)
+    granted = await leader.try_acquire("a_1", 30.0, 0)
+    async with watching(follower) as seen:
+        first = await asyncio.wait_for(seen.get(), 2)
+        assert first is not None
+        assert first.holder == "a_1"
+        server.stop()
+        await asyncio.sleep(0.5)  # the watch retries against a dead server meanwhile
+        server.restart()  # empty: the lease (and its term) are gone
+        assert await next_matching(seen, lambda r: r is None, timeout=5) is None
+        again = await leader.try_acquire("a_1", 30.0, granted.term)
+        record = await next_matching(seen, lambda r: r is not None, timeout=2)
+        assert record is not None
+        assert record.term == again.term == granted.term + 1
+
+
+# -- durability: WAIT -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def replica(tmp_path: Path, server: RedisServer) -> RedisServer:
+    (tmp_path / "replica").mkdir()
+    started = RedisServer.start(tmp_path / "replica")
+    started.replicate(server)
+    yield started  # type: ignore[misc]
+    started.stop()
+
+
+async def test_with_min_replicas_a_grant_counts_once_the_replica_has_it(
+    server: RedisServer, replica: RedisServer, make_store: StoreFactory
+) -> None:
+    store = make_store(server.url, min_replicas=1)
+    granted = await store.try_acquire("a_1", 5.0, 0)
+    with replica.client() as client:  # acknowledged means: already on the replica
+        assert json.loads(client.get(HOLDER))["term"] == granted.term
+    renewed = await store.renew("a_1", granted.term, 5.0)
+    assert renewed.version != granted.version
+
+
+async def test_with_min_replicas_and_the_replica_stopped_acquire_fails_closed(
+    server: RedisServer, replica: RedisServer, make_store: StoreFactory
+) -> None:
+    """The grant was written but no replica has it: it does not count, it is withdrawn so no
+    one appears to hold the lease, and its term stays used up."""
+    store = make_store(server.url, min_replicas=1, request_timeout=0.4)
+    replica.stop()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="only 0 of 1 replica") as refused:
+        await store.try_acquire("a_1", 5.0, 0)
+    assert time.monotonic() - started < 0.4 + 0.3
+    assert "withdrawn" in str(refused.value)
+    record = await store.read()
+    assert record is not None
+    assert record.holder is None
+    assert record.term == 1
+    replica.restart()
+    replica.replicate(server)
+    granted = await store.try_acquire("a_1", 5.0, 0)
+    assert granted.term == 2
+
+
+async def test_with_min_replicas_and_the_replica_stopped_renew_fails_closed(
+    server: RedisServer, replica: RedisServer, make_store: StoreFactory
+) -> None:
+    store = make_store(server.url, min_replicas=1, request_timeout=0.4)
+    granted = await store.try_acquire("a_1", 5.0, 0)
+    replica.pause()
+    try:
+        with pytest.raises(StoreUnavailable, match=r"only 0 of 1 replica.*renew"):
+            await store.renew("a_1", granted.term, 5.0)
+    finally:
+        replica.resume()
+    renewed = await store.renew("a_1", granted.term, 5.0)
+    assert renewed.term == granted.term
+
+
+async def test_wait_counts_the_writes_of_the_request_itself(
+    server: RedisServer, replica: RedisServer, make_store: StoreFactory
+) -> None:
+    """A grant that finds the lease held writes nothing and does not wait for replicas."""
+    holder = make_store(server.url, min_replicas=1, request_timeout=0.6)
+    await holder.try_acquire("a_1", 30.0, 0)
+    replica.pause()
+    try:
+        other = make_store(server.url, min_replicas=1, request_timeout=0.6)
+        started = time.monotonic()
+        with pytest.raises(LeaseHeld):
+            await other.try_acquire("b_1", 30.0, 0)
+        assert time.monotonic() - started < 0.2
+    finally:
+        replica.resume()
