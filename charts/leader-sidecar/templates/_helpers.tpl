@@ -1,0 +1,109 @@
+{{/*
+Names, labels and derived settings. Every template here takes the leader-sidecar chart's own
+context: `.` inside this chart, `(index .Subcharts "leader-sidecar")` from a parent chart
+(use the alias instead of "leader-sidecar" if the dependency has one).
+*/}}
+
+{{- define "leader-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "leader-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "leader-sidecar.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of the objects this chart creates (not of your pods). */}}
+{{- define "leader-sidecar.labels" -}}
+helm.sh/chart: {{ include "leader-sidecar.chart" . }}
+app.kubernetes.io/name: {{ include "leader-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "leader-sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "leader-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The lease name: also a label value, hence at most 63 characters (the schema checks). */}}
+{{- define "leader-sidecar.leaseName" -}}
+{{- .Values.lease.name | default (include "leader-sidecar.fullname" .) -}}
+{{- end -}}
+
+{{/* Namespace of the Lease object: the pods' namespace unless lease.namespace says otherwise. */}}
+{{- define "leader-sidecar.leaseNamespace" -}}
+{{- .Values.lease.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+leader-sidecar.podLabels: put these on your pod template's metadata.labels. They tie the pod
+to its lease group, which the leader Service, the metrics Service and the PodMonitor select.
+*/}}
+{{- define "leader-sidecar.podLabels" -}}
+leader-sidecar/lease: {{ include "leader-sidecar.leaseName" . | quote }}
+{{- end -}}
+
+{{/* Labels selecting the pods of the lease group (podSelector, else the podLabels). */}}
+{{- define "leader-sidecar.podSelector" -}}
+{{- if .Values.podSelector -}}
+{{- toYaml .Values.podSelector -}}
+{{- else -}}
+{{- include "leader-sidecar.podLabels" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leader-sidecar.serviceAccountName: use it as your pod's serviceAccountName. */}}
+{{- define "leader-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "leader-sidecar.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "leader-sidecar.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* HOST:PORT for --listen / --public-listen; IPv6 hosts go in brackets. */}}
+{{- define "leader-sidecar.hostPort" -}}
+{{- if contains ":" .host -}}
+{{- printf "[%s]:%v" .host .port -}}
+{{- else -}}
+{{- printf "%s:%v" .host .port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the embedded store's file lives in the container. */}}
+{{- define "leader-sidecar.dataDir" -}}
+/var/lib/leader-sidecar
+{{- end -}}
+
+{{/* --store */}}
+{{- define "leader-sidecar.storeURL" -}}
+{{- if eq .Values.store.type "redis" -}}
+{{- .Values.store.redis.url -}}
+{{- else if eq .Values.store.type "sqlite" -}}
+{{- printf "sqlite:///%s/%s" (include "leader-sidecar.dataDir" .) .Values.store.sqlite.file -}}
+{{- else -}}
+kubernetes
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,255 @@
+{{/*
+The sidecar itself, as named templates to include in any pod spec. Each takes the
+leader-sidecar chart's context (`.` here, `(index .Subcharts "leader-sidecar")` from a parent).
+
+  spec:
+    serviceAccountName: {{ include "leader-sidecar.serviceAccountName" $ls }}
+    initContainers:
+      {{- include "leader-sidecar.initContainers" $ls | nindent 6 }}
+    containers:
+      - name: app
+        ...
+      {{- include "leader-sidecar.containers" $ls | nindent 6 }}
+    volumes:
+      {{- include "leader-sidecar.volumes" $ls | nindent 6 }}
+
+plus `leader-sidecar.podLabels` in the pod template's labels.
+*/}}
+
+{{/* The sidecar as a regular container (renders nothing when nativeSidecar is on). */}}
+{{- define "leader-sidecar.containers" -}}
+{{- if not .Values.nativeSidecar -}}
+{{- include "leader-sidecar.container" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar as a native sidecar init container (renders nothing when nativeSidecar is off). */}}
+{{- define "leader-sidecar.initContainers" -}}
+{{- if .Values.nativeSidecar -}}
+{{- include "leader-sidecar.container" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One list item: the container. */}}
+{{- define "leader-sidecar.container" -}}
+- name: {{ .Values.containerName }}
+  image: {{ include "leader-sidecar.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  {{- if .Values.nativeSidecar }}
+  restartPolicy: Always
+  {{- end }}
+  {{- with .Values.extraArgs }}
+  args:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  env:
+    {{- include "leader-sidecar.env" . | nindent 4 }}
+  ports:
+    - name: sidecar-public
+      containerPort: {{ .Values.public.port }}
+      protocol: TCP
+  {{- with .Values.probes.startup }}
+  {{- if .enabled }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: sidecar-public
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with .Values.probes.liveness }}
+  {{- if .enabled }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: sidecar-public
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with .Values.probes.readiness }}
+  {{- if .enabled }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: sidecar-public
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with .Values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- $mounts := include "leader-sidecar.volumeMounts" . | trim }}
+  {{- if $mounts }}
+  volumeMounts:
+    {{- $mounts | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* Every setting as LEADER_SIDECAR_<FLAG>; optional ones only when set. */}}
+{{- define "leader-sidecar.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: LEADER_SIDECAR_STORE
+  value: {{ include "leader-sidecar.storeURL" . | quote }}
+- name: LEADER_SIDECAR_LEASE
+  value: {{ include "leader-sidecar.leaseName" . | quote }}
+{{- with .Values.lease.namespace }}
+- name: LEADER_SIDECAR_NAMESPACE
+  value: {{ . | quote }}
+{{- end }}
+- name: LEADER_SIDECAR_LEASE_DURATION
+  value: {{ .Values.lease.duration | toString | quote }}
+{{- with .Values.lease.renewInterval }}
+- name: LEADER_SIDECAR_RENEW_INTERVAL
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.lease.retryPeriod }}
+- name: LEADER_SIDECAR_RETRY_PERIOD
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.lease.requestTimeout }}
+- name: LEADER_SIDECAR_REQUEST_TIMEOUT
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.identity }}
+- name: LEADER_SIDECAR_IDENTITY
+  value: {{ . | quote }}
+{{- end }}
+- name: LEADER_SIDECAR_LISTEN
+  value: {{ include "leader-sidecar.hostPort" .Values.api | quote }}
+- name: LEADER_SIDECAR_PUBLIC_LISTEN
+  value: {{ include "leader-sidecar.hostPort" .Values.public | quote }}
+- name: LEADER_SIDECAR_LOG_FORMAT
+  value: {{ .Values.log.format | quote }}
+- name: LEADER_SIDECAR_LOG_LEVEL
+  value: {{ .Values.log.level | quote }}
+- name: LEADER_SIDECAR_ROLE_LABEL_KEY
+  value: {{ .Values.roleLabel.key | quote }}
+{{- with .Values.webhook }}
+{{- if .url }}
+- name: LEADER_SIDECAR_WEBHOOK_URL
+  value: {{ .url | quote }}
+- name: LEADER_SIDECAR_WEBHOOK_TIMEOUT
+  value: {{ .timeout | toString | quote }}
+- name: LEADER_SIDECAR_WEBHOOK_RETRIES
+  value: {{ .retries | toString | quote }}
+{{- end }}
+{{- end }}
+{{- with .Values.signal }}
+{{- if .process }}
+- name: LEADER_SIDECAR_SIGNAL_PROCESS
+  value: {{ .process | quote }}
+- name: LEADER_SIDECAR_SIGNAL
+  value: {{ .name | quote }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}
+- name: LEADER_SIDECAR_KUBECONFIG
+  value: {{ printf "/etc/leader-sidecar/kubeconfig/%s" .Values.kubeconfig.key | quote }}
+{{- end }}
+{{- if eq .Values.store.type "redis" }}
+{{- with .Values.store.redis }}
+{{- with .username }}
+- name: LEADER_SIDECAR_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .existingSecret }}
+- name: LEADER_SIDECAR_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | quote }}
+      key: {{ .existingSecretPasswordKey | quote }}
+{{- with .existingSecretSentinelPasswordKey }}
+- name: LEADER_SIDECAR_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.store.redis.existingSecret | quote }}
+      key: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if .tls.existingSecret }}
+{{- with .tls.caKey }}
+- name: LEADER_SIDECAR_REDIS_CA_FILE
+  value: {{ printf "/etc/leader-sidecar/redis-tls/%s" . | quote }}
+{{- end }}
+{{- if .tls.certKey }}
+- name: LEADER_SIDECAR_REDIS_CERT_FILE
+  value: {{ printf "/etc/leader-sidecar/redis-tls/%s" .tls.certKey | quote }}
+- name: LEADER_SIDECAR_REDIS_KEY_FILE
+  value: {{ printf "/etc/leader-sidecar/redis-tls/%s" .tls.keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- if .minReplicas }}
+- name: LEADER_SIDECAR_REDIS_MIN_REPLICAS
+  value: {{ .minReplicas | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "leader-sidecar.volumeMounts" -}}
+{{- if and (eq .Values.store.type "redis") .Values.store.redis.tls.existingSecret }}
+- name: leader-sidecar-redis-tls
+  mountPath: /etc/leader-sidecar/redis-tls
+  readOnly: true
+{{- end }}
+{{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}
+- name: leader-sidecar-kubeconfig
+  mountPath: /etc/leader-sidecar/kubeconfig
+  readOnly: true
+{{- end }}
+{{- if eq .Values.store.type "sqlite" }}
+- name: leader-sidecar-data
+  mountPath: {{ include "leader-sidecar.dataDir" . }}
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* leader-sidecar.volumes: list items for your pod's volumes (may render nothing). */}}
+{{- define "leader-sidecar.volumes" -}}
+{{- include "leader-sidecar.volumeItems" . | trim -}}
+{{- end -}}
+
+{{- define "leader-sidecar.volumeItems" -}}
+{{- if and (eq .Values.store.type "redis") .Values.store.redis.tls.existingSecret }}
+- name: leader-sidecar-redis-tls
+  secret:
+    secretName: {{ .Values.store.redis.tls.existingSecret | quote }}
+    defaultMode: 0444
+{{- end }}
+{{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}
+- name: leader-sidecar-kubeconfig
+  secret:
+    secretName: {{ .Values.kubeconfig.existingSecret | quote }}
+    defaultMode: 0444
+{{- end }}
+{{- if eq .Values.store.type "sqlite" }}
+- name: leader-sidecar-data
+  {{- toYaml .Values.store.sqlite.volume | nindent 2 }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,71 @@
+{{/*
+Checks of value combinations that values.schema.json cannot express with a useful message.
+Each failure names the value, what is wrong and the fix. Rendered by validate.yaml, so it runs
+whether the chart is installed on its own or as a dependency.
+*/}}
+{{- define "leader-sidecar.validate" -}}
+{{- $v := .Values -}}
+{{- $type := $v.store.type -}}
+
+{{- if and (eq $type "redis") (not $v.store.redis.url) -}}
+{{- fail "leader-sidecar: store.redis.url is required with store.type=redis, e.g. redis://redis-master:6379/0 (password in store.redis.existingSecret)" -}}
+{{- end -}}
+
+{{- if and (eq $type "redis") (regexMatch "^[a-z+]+://[^/@]*:[^/@]*@" $v.store.redis.url) -}}
+{{- fail "leader-sidecar: store.redis.url must not contain a password (it would be stored in the release and shown in the pod spec); put it in a Secret and set store.redis.existingSecret" -}}
+{{- end -}}
+
+{{- if and (eq $type "redis") $v.store.redis.existingSecretSentinelPasswordKey -}}
+{{- if not $v.store.redis.existingSecret -}}
+{{- fail "leader-sidecar: store.redis.existingSecretSentinelPasswordKey names a key of store.redis.existingSecret; set that Secret's name" -}}
+{{- end -}}
+{{- if not (hasPrefix "redis+sentinel://" $v.store.redis.url) -}}
+{{- fail "leader-sidecar: store.redis.existingSecretSentinelPasswordKey is the Sentinels' password and needs a redis+sentinel:// store.redis.url" -}}
+{{- end -}}
+{{- end -}}
+
+{{- if and (eq $type "redis") $v.store.redis.tls.certKey (not $v.store.redis.tls.keyKey) -}}
+{{- fail "leader-sidecar: store.redis.tls.certKey and store.redis.tls.keyKey go together; set both or neither" -}}
+{{- end -}}
+{{- if and (eq $type "redis") $v.store.redis.tls.keyKey (not $v.store.redis.tls.certKey) -}}
+{{- fail "leader-sidecar: store.redis.tls.certKey and store.redis.tls.keyKey go together; set both or neither" -}}
+{{- end -}}
+{{- if and (eq $type "redis") (or $v.store.redis.tls.certKey (ne $v.store.redis.tls.caKey "ca.crt")) (not $v.store.redis.tls.existingSecret) -}}
+{{- fail "leader-sidecar: store.redis.tls.* keys name entries of store.redis.tls.existingSecret; set that Secret's name" -}}
+{{- end -}}
+
+{{- if eq $type "sqlite" -}}
+{{- if not $v.store.sqlite.volume -}}
+{{- fail "leader-sidecar: store.sqlite.volume is required with store.type=sqlite: a volume every replica shares on ONE node, e.g. {hostPath: {path: /var/lib/leader-sidecar, type: DirectoryOrCreate}}; for more than one node use store.type=kubernetes or redis" -}}
+{{- end -}}
+{{- if hasKey $v.store.sqlite.volume "emptyDir" -}}
+{{- fail "leader-sidecar: store.sqlite.volume must not be an emptyDir: each pod would get its own database and every pod would become leader; use a hostPath or a claim shared by all replicas on one node" -}}
+{{- end -}}
+{{- end -}}
+
+{{- if $v.leaderService.enabled -}}
+{{- if ne $type "kubernetes" -}}
+{{- fail (printf "leader-sidecar: leaderService.enabled selects pods by the role label, which only store.type=kubernetes sets; with store.type=%s set leaderService.enabled=false" $type) -}}
+{{- end -}}
+{{- if not $v.roleLabel.key -}}
+{{- fail "leader-sidecar: leaderService.enabled needs roleLabel.key (it selects <roleLabel.key>=leader); set leaderService.enabled=false to run without pod labels" -}}
+{{- end -}}
+{{- end -}}
+
+{{- if and $v.metrics.podMonitor.enabled $v.metrics.serviceMonitor.enabled -}}
+{{- fail "leader-sidecar: metrics.podMonitor.enabled and metrics.serviceMonitor.enabled would scrape every pod twice; enable one" -}}
+{{- end -}}
+
+{{- if and $v.nativeSidecar (not (semverCompare ">=1.29.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "leader-sidecar: nativeSidecar=true needs Kubernetes 1.29 or later (init containers with restartPolicy: Always); this cluster is %s, set nativeSidecar=false" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+
+{{- if and (eq $type "kubernetes") $v.rbac.create (not $v.serviceAccount.create) (not $v.serviceAccount.name) -}}
+{{- fail "leader-sidecar: with serviceAccount.create=false set serviceAccount.name to the ServiceAccount your pods use; the chart will not grant lease rights to the namespace's default account" -}}
+{{- end -}}
+
+{{- if and (eq (int $v.api.port) (int $v.public.port)) (ne (int $v.api.port) 0) -}}
+{{- fail (printf "leader-sidecar: api.port and public.port are both %v; the localhost API and the public listener need different ports" $v.api.port) -}}
+{{- end -}}
+
+{{- end -}}

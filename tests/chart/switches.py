@@ -1,0 +1,139 @@
+"""The chart's switches, each as the values a user would set, for lint, render and validation.
+
+Every switch turns on the example app too (where the store allows), so the sidecar container is
+rendered and validated in each variant, not only the objects around it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.tools import REPO
+
+DASHBOARD_SOURCE = REPO / "sidecar" / "prometheus" / "dashboard.json"
+
+EXAMPLE: dict[str, Any] = {"example": {"enabled": True}}
+
+REDIS_TLS: dict[str, Any] = {
+    "store": {
+        "type": "redis",
+        "redis": {
+            "url": "rediss://redis-master.data:6380/0",
+            "username": "leader-sidecar",
+            "existingSecret": "redis-auth",
+            "tls": {"existingSecret": "redis-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+            "minReplicas": 1,
+        },
+    },
+    "leaderService": {"enabled": False},
+}
+
+SWITCHES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "example": EXAMPLE,
+    "native-sidecar": {**EXAMPLE, "nativeSidecar": True},
+    "redis": {
+        **EXAMPLE,
+        "store": {
+            "type": "redis",
+            "redis": {"url": "redis://redis-master.data:6379/0", "existingSecret": "redis-auth"},
+        },
+        "leaderService": {"enabled": False},
+    },
+    "redis-tls": {**EXAMPLE, **REDIS_TLS},
+    "redis-sentinel": {
+        **EXAMPLE,
+        "store": {
+            "type": "redis",
+            "redis": {
+                "url": "redis+sentinel://sentinel-0:26379,sentinel-1:26379/mymaster/0",
+                "existingSecret": "redis-auth",
+                "existingSecretSentinelPasswordKey": "sentinel-password",
+            },
+        },
+        "leaderService": {"enabled": False},
+    },
+    "sqlite": {
+        "example": {"enabled": True, "replicas": 1},
+        "store": {
+            "type": "sqlite",
+            "sqlite": {
+                "volume": {
+                    "hostPath": {"path": "/var/lib/leader-sidecar", "type": "DirectoryOrCreate"}
+                }
+            },
+        },
+        "leaderService": {"enabled": False},
+    },
+    "pod-monitor": {
+        **EXAMPLE,
+        "metrics": {"podMonitor": {"enabled": True, "interval": "15s", "labels": {"team": "a"}}},
+    },
+    "service-monitor": {
+        **EXAMPLE,
+        "metrics": {"serviceMonitor": {"enabled": True, "interval": "30s", "scrapeTimeout": "5s"}},
+    },
+    "prometheus-rule": {
+        **EXAMPLE,
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    },
+    "lease-in-another-namespace": {
+        **EXAMPLE,
+        "lease": {"name": "payments", "namespace": "coordination"},
+    },
+    "existing-service-account": {
+        **EXAMPLE,
+        "serviceAccount": {"create": False, "name": "payments"},
+    },
+    "no-rbac-no-leader-service": {
+        **EXAMPLE,
+        "rbac": {"create": False},
+        "leaderService": {"enabled": False},
+    },
+    "webhook-and-signal": {
+        **EXAMPLE,
+        "webhook": {"url": "http://127.0.0.1:8080/leader-changed", "timeout": "1s", "retries": 5},
+        "signal": {"process": "payments", "name": "SIGUSR1"},
+    },
+    "kubeconfig": {**EXAMPLE, "kubeconfig": {"existingSecret": "remote-cluster"}},
+    "timing-and-identity": {
+        **EXAMPLE,
+        "identity": "payments",
+        "lease": {
+            "duration": "10s",
+            "renewInterval": 3,
+            "retryPeriod": "1500ms",
+            "requestTimeout": "1s",
+        },
+        "log": {"format": "text", "level": "debug"},
+        "api": {"host": "127.0.0.1", "port": 5050},
+        "public": {"host": "::", "port": 5051},
+    },
+    "extras": {
+        **EXAMPLE,
+        "extraArgs": ["--log-level", "warning"],
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "image": {"digest": "sha256:" + "a" * 64},
+        "podSelector": {"app": "payments"},
+    },
+}
+
+if DASHBOARD_SOURCE.exists():
+    SWITCHES["dashboard"] = {
+        **EXAMPLE,
+        "dashboard": {"enabled": True, "annotations": {"grafana_folder": "Leader election"}},
+    }
+
+# Every kubernetes-store switch that can be on at once.
+SWITCHES["everything"] = {
+    **EXAMPLE,
+    "nativeSidecar": True,
+    "metrics": {"podMonitor": {"enabled": True}},
+    "prometheusRule": {"enabled": True},
+    "dashboard": {"enabled": DASHBOARD_SOURCE.exists()},
+    "webhook": {"url": "http://127.0.0.1:8080/leader-changed"},
+    "signal": {"process": "payments"},
+    "lease": {"name": "payments", "namespace": "coordination", "duration": "20s"},
+    "identity": "payments",
+}

@@ -1,0 +1,305 @@
+"""The chart renders, lints and validates in every switch, with safe defaults, and everything it
+passes to the sidecar is a setting the sidecar knows and accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar import config
+from tests.chart.helm import (
+    KUBE_VERSIONS,
+    Helm,
+    HelmError,
+    Manifest,
+    containers,
+    find,
+    one,
+    pod_spec,
+    sidecar,
+    validate,
+)
+from tests.chart.switches import SWITCHES
+
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+
+def example(manifests: list[Manifest]) -> Manifest:
+    return one(manifests, "Deployment", "demo-leader-sidecar-example")
+
+
+def environment(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the sidecar would see it: Downward API and Secret values
+    replaced by plausible ones."""
+    fake = {"metadata.name": "demo-leader-sidecar-example-7d9c-x2x4q", "metadata.namespace": "apps"}
+    environ: dict[str, str] = {}
+    for var in container["env"]:
+        if "value" in var:
+            environ[var["name"]] = str(var["value"])
+        elif "fieldRef" in var["valueFrom"]:
+            environ[var["name"]] = fake[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            environ[var["name"]] = "from-a-secret"
+    return environ
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_helm_lint_strict_passes(helm: Helm, switch: str) -> None:
+    """``helm lint --strict`` (warnings are errors) with each switch's values."""
+    output = helm.lint(values=SWITCHES[switch])
+    assert "1 chart(s) linted, 0 chart(s) failed" in output
+    assert "[WARNING]" not in output
+    assert "[ERROR]" not in output
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_every_rendered_manifest_validates_strictly(
+    helm: Helm, switch: str, kube_version: str
+) -> None:
+    """``kubernetes-validate --strict`` accepts every built-in object; the only kinds without a
+    schema are the prometheus-operator ones (checked in test_monitoring.py)."""
+    manifests = helm.template(values=SWITCHES[switch], kube_version=kube_version)
+    assert manifests, "nothing rendered"
+    unvalidated = validate(manifests, kube_version)
+    assert set(unvalidated) <= MONITORING_KINDS
+    assert len(unvalidated) == len([m for m in manifests if m["kind"] in MONITORING_KINDS])
+
+
+def test_the_defaults_render_the_rbac_and_the_leader_service_and_no_pods(helm: Helm) -> None:
+    """On its own, without the example, the chart is what a plain Deployment needs next to it."""
+    manifests = helm.template()
+    assert sorted(m["kind"] for m in manifests) == [
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
+
+
+def test_the_example_runs_three_replicas_each_with_the_app_and_the_sidecar(helm: Helm) -> None:
+    manifests = helm.template(values=SWITCHES["example"])
+    deployment = example(manifests)
+    assert deployment["spec"]["replicas"] == 3
+    assert [(field, c["name"]) for field, c in containers(deployment)] == [
+        ("containers", "app"),
+        ("containers", "leader-sidecar"),
+    ]
+    spec = pod_spec(deployment)
+    assert spec["serviceAccountName"] == one(manifests, "ServiceAccount")["metadata"]["name"]
+    # Long enough for the sidecar's release (within 2 s of SIGTERM), short enough for rollouts.
+    assert 3 <= spec["terminationGracePeriodSeconds"] <= 30
+
+
+def test_the_sidecar_defaults_are_safe(helm: Helm) -> None:
+    """Non-root, read-only root, no capabilities, resource requests, the app API on loopback."""
+    container = sidecar(example(helm.template(values=SWITCHES["example"])))
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert isinstance(security["runAsUser"], int)
+    assert security["runAsUser"] > 0
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert "memory" in container["resources"]["limits"]
+    env = environment(container)
+    assert env["LEADER_SIDECAR_LISTEN"] == "127.0.0.1:4040"
+    assert env["LEADER_SIDECAR_PUBLIC_LISTEN"] == "0.0.0.0:4041"
+    # Only the public port is declared: the app API is not meant to be reachable from outside.
+    assert container["ports"] == [
+        {"name": "sidecar-public", "containerPort": 4041, "protocol": "TCP"}
+    ]
+
+
+def test_probes_use_the_public_port_and_never_leadership(helm: Helm) -> None:
+    """Followers must be live and ready too, or a rolling update would stall on them."""
+    container = sidecar(example(helm.template(values=SWITCHES["example"])))
+    paths = {}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        http = container[probe]["httpGet"]
+        assert http["port"] == "sidecar-public"
+        paths[probe] = http["path"]
+    assert paths == {
+        "startupProbe": "/healthz",
+        "livenessProbe": "/healthz",
+        "readinessProbe": "/readyz",
+    }
+
+
+def test_pod_name_and_namespace_come_from_the_downward_api(helm: Helm) -> None:
+    container = sidecar(example(helm.template(values=SWITCHES["example"])))
+    refs = {
+        var["name"]: var["valueFrom"]["fieldRef"]["fieldPath"]
+        for var in container["env"]
+        if "fieldRef" in var.get("valueFrom", {})
+    }
+    assert refs == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_native_sidecar_is_an_init_container_that_always_restarts(helm: Helm) -> None:
+    """Starts (and passes its startup probe) before the app, stops after it."""
+    deployment = example(helm.template(values=SWITCHES["native-sidecar"]))
+    placed = [(field, c["name"]) for field, c in containers(deployment)]
+    assert placed == [("initContainers", "leader-sidecar"), ("containers", "app")]
+    container = sidecar(deployment)
+    assert container["restartPolicy"] == "Always"
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_native_sidecar_is_refused_before_kubernetes_1_29(helm: Helm) -> None:
+    with pytest.raises(HelmError, match=r"nativeSidecar=true needs Kubernetes 1\.29"):
+        helm.template(values=SWITCHES["native-sidecar"], kube_version="1.28.0")
+    # The regular container works there.
+    assert sidecar(example(helm.template(values=SWITCHES["example"], kube_version="1.28.0")))
+
+
+@pytest.mark.parametrize("switch", sorted(set(SWITCHES) - {"defaults"}))
+def test_every_variable_the_chart_sets_is_a_setting_the_sidecar_accepts(
+    helm: Helm, switch: str
+) -> None:
+    """The sidecar refuses unknown LEADER_SIDECAR_* variables at start; here each one the chart
+    sets is known and its value parses as the sidecar parses it."""
+    manifests = helm.template(values=SWITCHES[switch])
+    env = environment(sidecar(example(manifests)))
+    by_env = {option.env: option for option in config.OPTIONS}
+    ours = {name: value for name, value in env.items() if name.startswith(config.ENV_PREFIX)}
+    assert set(ours) <= set(by_env), set(ours) - set(by_env)
+    for name, value in ours.items():
+        if name == "LEADER_SIDECAR_STORE" and value.startswith("sqlite:"):
+            # parse_store checks that the directory exists, which it does in the pod only.
+            assert value == "sqlite:////var/lib/leader-sidecar/leader-sidecar.db"
+            continue
+        by_env[name].parse(value)  # raises ValueError with the sidecar's own message
+
+
+@pytest.mark.parametrize("switch", ["example", "redis", "redis-sentinel", "timing-and-identity"])
+def test_the_sidecar_builds_its_configuration_from_the_rendered_environment(
+    helm: Helm, switch: str
+) -> None:
+    """The whole environment, cross-field checks included (timing, ports), passes
+    ``config.load`` — the same code the container runs at start."""
+    env = environment(sidecar(example(helm.template(values=SWITCHES[switch]))))
+    loaded = config.load([], {**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert loaded.lease == env["LEADER_SIDECAR_LEASE"]
+    assert loaded.store == env["LEADER_SIDECAR_STORE"]
+    assert loaded.identity.startswith(env.get("LEADER_SIDECAR_IDENTITY", env["POD_NAME"]) + "_")
+    assert loaded.namespace == "apps"
+
+
+def test_values_reach_every_flag_of_the_sidecar(helm: Helm) -> None:
+    """ "Values for everything the CLI offers": across the switches, every option of
+    sidecar/config.py is set by some value. --pod-name is the one exception: the sidecar reads
+    POD_NAME, which the Downward API sets in every variant."""
+    seen: set[str] = set()
+    for values in SWITCHES.values():
+        for workload in find(helm.template(values=values), "Deployment"):
+            seen |= set(environment(sidecar(workload)))
+    assert "POD_NAME" in seen
+    expected = {option.env for option in config.OPTIONS} - {"LEADER_SIDECAR_POD_NAME"}
+    assert expected - seen == set()
+
+
+def test_timing_and_listeners_map_to_their_variables(helm: Helm) -> None:
+    env = environment(sidecar(example(helm.template(values=SWITCHES["timing-and-identity"]))))
+    assert {k: v for k, v in env.items() if k.startswith("LEADER_SIDECAR_")} == {
+        "LEADER_SIDECAR_STORE": "kubernetes",
+        "LEADER_SIDECAR_LEASE": "demo-leader-sidecar",
+        "LEADER_SIDECAR_LEASE_DURATION": "10s",
+        "LEADER_SIDECAR_RENEW_INTERVAL": "3",
+        "LEADER_SIDECAR_RETRY_PERIOD": "1500ms",
+        "LEADER_SIDECAR_REQUEST_TIMEOUT": "1s",
+        "LEADER_SIDECAR_IDENTITY": "payments",
+        "LEADER_SIDECAR_LISTEN": "127.0.0.1:5050",
+        "LEADER_SIDECAR_PUBLIC_LISTEN": "[::]:5051",
+        "LEADER_SIDECAR_LOG_FORMAT": "text",
+        "LEADER_SIDECAR_LOG_LEVEL": "debug",
+        "LEADER_SIDECAR_ROLE_LABEL_KEY": "leader-sidecar/role",
+    }
+
+
+def test_the_redis_password_comes_from_the_secret_and_tls_files_from_a_mounted_secret(
+    helm: Helm,
+) -> None:
+    deployment = example(helm.template(values=SWITCHES["redis-tls"]))
+    container = sidecar(deployment)
+    password = next(v for v in container["env"] if v["name"] == "LEADER_SIDECAR_REDIS_PASSWORD")
+    assert password == {
+        "name": "LEADER_SIDECAR_REDIS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "password"}},
+    }
+    env = environment(container)
+    assert env["LEADER_SIDECAR_REDIS_CA_FILE"] == "/etc/leader-sidecar/redis-tls/ca.crt"
+    assert env["LEADER_SIDECAR_REDIS_CERT_FILE"] == "/etc/leader-sidecar/redis-tls/tls.crt"
+    assert env["LEADER_SIDECAR_REDIS_KEY_FILE"] == "/etc/leader-sidecar/redis-tls/tls.key"
+    assert env["LEADER_SIDECAR_REDIS_MIN_REPLICAS"] == "1"
+    assert container["volumeMounts"] == [
+        {
+            "name": "leader-sidecar-redis-tls",
+            "mountPath": "/etc/leader-sidecar/redis-tls",
+            "readOnly": True,
+        }
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-redis-tls",
+            "secret": {"secretName": "redis-tls", "defaultMode": 0o444},
+        }
+    ]
+
+
+def test_without_the_kubernetes_store_no_rbac_and_no_api_token(helm: Helm) -> None:
+    """Redis and SQLite never talk to the API server: no Role, and no token in the pods."""
+    for switch in ("redis", "sqlite"):
+        manifests = helm.template(values=SWITCHES[switch])
+        assert not find(manifests, "Role")
+        assert not find(manifests, "RoleBinding")
+        assert one(manifests, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+def test_sqlite_writes_to_the_shared_volume_not_the_read_only_root(helm: Helm) -> None:
+    deployment = example(helm.template(values=SWITCHES["sqlite"]))
+    container = sidecar(deployment)
+    assert environment(container)["LEADER_SIDECAR_STORE"] == (
+        "sqlite:////var/lib/leader-sidecar/leader-sidecar.db"
+    )
+    assert container["volumeMounts"] == [
+        {"name": "leader-sidecar-data", "mountPath": "/var/lib/leader-sidecar"}
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-data",
+            "hostPath": {"path": "/var/lib/leader-sidecar", "type": "DirectoryOrCreate"},
+        }
+    ]
+
+
+def test_the_leader_service_reaches_only_the_leader_of_this_lease(helm: Helm) -> None:
+    """Its selector matches an example pod once the sidecar labels it leader — not before,
+    not as follower, and not a leader of another lease."""
+    manifests = helm.template(values=SWITCHES["example"])
+    selector = one(manifests, "Service", "demo-leader-sidecar-leader")["spec"]["selector"]
+    pod_labels = example(manifests)["spec"]["template"]["metadata"]["labels"]
+
+    def selected(labels: dict[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in selector.items())
+
+    assert not selected(pod_labels)
+    assert selected({**pod_labels, "leader-sidecar/role": "leader"})
+    assert not selected({**pod_labels, "leader-sidecar/role": "follower"})
+    other = {**pod_labels, "leader-sidecar/lease": "another-lease", "leader-sidecar/role": "leader"}
+    assert not selected(other)
+    assert one(manifests, "Service")["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}
+    ]
+
+
+def test_image_digest_wins_over_the_tag(helm: Helm) -> None:
+    container = sidecar(example(helm.template(values=SWITCHES["extras"])))
+    assert container["image"] == "leader-sidecar@sha256:" + "a" * 64
+    tagged = sidecar(
+        example(helm.template(values={**SWITCHES["example"], "image": {"tag": "1.2.3"}}))
+    )
+    assert tagged["image"] == "leader-sidecar:1.2.3"

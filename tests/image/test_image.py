@@ -1,0 +1,241 @@
+"""The container image, built for real from the Dockerfile and run as a user would run it: the
+CLI answers, it runs as the numeric non-root user with a read-only root filesystem, a replica on
+the embedded store becomes leader and says so over the published port and over localhost, and
+SIGTERM releases and exits 0 at once. Two replicas sharing a volume elect exactly one leader.
+
+Slow (a debootstrapped base the first time, ~40 s; the build ~30 s, it downloads the
+dependencies from PyPI): marked ``image``. It runs in CI (``CI=true``); elsewhere it is opt-in:
+``python -m pytest -m image tests/image`` or LEADER_SIDECAR_IMAGE_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.image.containers import (
+    build_image,
+    ensure_base_image,
+    inspect_image,
+    podman,
+    podman_run,
+)
+from tests.support.tools import require_binary
+
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+UID = "65532"
+
+
+def wanted(config: pytest.Config) -> bool:
+    if os.environ.get("CI") or os.environ.get("LEADER_SIDECAR_IMAGE_TESTS") == "1":
+        return True
+    markexpr = config.getoption("markexpr") or ""
+    return "image" in markexpr and "not image" not in markexpr
+
+
+@pytest.fixture(scope="module")
+def image(request: pytest.FixtureRequest) -> Iterator[str]:
+    if not wanted(request.config):
+        pytest.skip(
+            "builds the image (~1-2 min): opt-in outside CI with "
+            "`python -m pytest -m image tests/image` or LEADER_SIDECAR_IMAGE_TESTS=1"
+        )
+    for tool in ("buildah", "podman", "runc", "debootstrap"):
+        require_binary(tool)
+    base = ensure_base_image()
+    tag = f"localhost/leader-sidecar-test/image:{uuid.uuid4().hex[:12]}"
+    build_image(tag, base)
+    try:
+        yield tag
+    finally:
+        podman("rmi", "--force", tag, check=False)
+
+
+@pytest.fixture
+def container_name() -> Iterator[str]:
+    name = f"leader-sidecar-test-{uuid.uuid4().hex[:10]}"
+    yield name
+    podman("rm", "--force", "--time", "1", name, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def get_json(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def wait_for(url: str, status: int, deadline: float = 30.0) -> dict[str, Any]:
+    """Poll until `url` answers `status`; its JSON body."""
+    end = time.monotonic() + deadline
+    last: object = None
+    while time.monotonic() < end:
+        try:
+            code, body = get_json(url)
+            if code == status:
+                return body
+            last = (code, body)
+        except (OSError, ValueError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not answer {status} within {deadline}s; last: {last!r}")
+
+
+def stopped_log(name: str) -> dict[str, Any]:
+    """The sidecar's last JSON log line, which says whether it released the lease."""
+    logs = podman("logs", name)
+    lines = [json.loads(line) for line in (logs.stdout + logs.stderr).splitlines() if line]
+    assert lines, "no log"
+    assert lines[-1]["msg"] == "stopped", lines[-3:]
+    return lines[-1]
+
+
+def read_only_run(image: str, name: str, *args: str, volume: str | None = None) -> list[str]:
+    """``podman run`` arguments for a detached replica: read-only root with no tmpfs added
+    anywhere (stricter than ``docker run --read-only``), only the state volume writable."""
+    flags = ["--detach", "--name", name, "--read-only", "--read-only-tmpfs=false"]
+    if volume:
+        flags += ["--volume", f"{volume}:/var/lib/leader-sidecar"]
+    return [*flags, *args, image]
+
+
+def test_help_answers(image: str) -> None:
+    result = podman_run("--rm", "--read-only", image, "--help")
+    assert result.stdout.startswith("usage: leader-sidecar")
+    assert "LEADER_SIDECAR_" in result.stdout
+    assert "--store URL" in result.stdout
+
+
+def test_it_runs_as_the_numeric_non_root_user(image: str) -> None:
+    config = inspect_image(image)["Config"]
+    assert config["User"] == f"{UID}:{UID}"
+    assert config["Entrypoint"] == ["leader-sidecar"]
+    result = podman_run("--rm", "--read-only", "--entrypoint", "id", image)
+    assert result.stdout.split()[:2] == [f"uid={UID}(leader-sidecar)", f"gid={UID}(leader-sidecar)"]
+
+
+def test_the_final_image_has_no_compiler_and_no_pip(image: str) -> None:
+    result = podman_run(
+        "--rm",
+        "--read-only",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        "for tool in gcc cc c++ x86_64-linux-gnu-gcc make pip pip3; do "
+        "command -v $tool; done; ls /opt/leader-sidecar/bin",
+        check=False,
+    )
+    lines = result.stdout.split()
+    assert "leader-sidecar" in lines  # the listing ran
+    found = [line for line in lines if line.startswith("/")]
+    assert found == [], f"found in the image: {found}"
+    assert not any(name.startswith("pip") for name in lines)
+
+
+def test_oci_labels(image: str) -> None:
+    labels = inspect_image(image)["Config"]["Labels"]
+    assert labels["org.opencontainers.image.title"] == "leader-sidecar"
+    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.revision"] not in ("", "unknown")
+
+
+def test_one_replica_leads_on_the_embedded_store_with_a_read_only_root(
+    image: str, container_name: str
+) -> None:
+    port = free_port()
+    podman_run(
+        *read_only_run(image, container_name, "--publish", f"127.0.0.1:{port}:4041"),
+        "--lease-duration",
+        "3s",
+        "--log-format",
+        "json",
+    )
+    # The public listener, through the published port.
+    body = wait_for(f"http://127.0.0.1:{port}/leader", 200)
+    assert body["leader"] is True
+    assert body["term"] >= 1
+    assert body["lease"] == "default"
+    assert body["holder"] == body["identity"]
+    assert wait_for(f"http://127.0.0.1:{port}/readyz", 200) == {"ok": True}
+    # The localhost API, from inside the container (it is not published).
+    local = podman(
+        "exec",
+        container_name,
+        "python3",
+        "-c",
+        "import urllib.request; r = urllib.request.urlopen('http://127.0.0.1:4040/leader', "
+        "timeout=2); print(r.status, r.read().decode())",
+    ).stdout
+    status, _, payload = local.partition(" ")
+    assert status == "200"
+    assert json.loads(payload)["identity"] == body["identity"]
+    # The root is read-only; only the state volume (the image's VOLUME) takes writes.
+    denied = podman("exec", container_name, "touch", "/opt/leader-sidecar/x", check=False)
+    assert denied.returncode != 0
+    assert "Read-only file system" in denied.stderr
+    files = podman("exec", container_name, "ls", "/var/lib/leader-sidecar").stdout.split()
+    assert "leader-sidecar.db" in files
+
+    started = time.monotonic()
+    podman("stop", "--time", "10", container_name, timeout=30)
+    stop_took = time.monotonic() - started
+    state = json.loads(podman("inspect", container_name).stdout)[0]["State"]
+    assert state["ExitCode"] == 0, state  # exited on its own, not killed after the 10 s
+    assert stop_took < 5, f"stop took {stop_took:.1f}s; the sidecar promises 2s"
+    assert stopped_log(container_name)["released"] is True
+
+
+def test_two_replicas_sharing_the_state_volume_elect_one_leader(image: str) -> None:
+    """The embedded store across containers on one host: one file in a shared volume."""
+    volume = f"leader-sidecar-test-{uuid.uuid4().hex[:10]}"
+    names = [f"{volume}-a", f"{volume}-b"]
+    ports = [free_port(), free_port()]
+    podman("volume", "create", volume)
+    try:
+        for name, port in zip(names, ports, strict=True):
+            podman_run(
+                *read_only_run(image, name, "--publish", f"127.0.0.1:{port}:4041", volume=volume),
+                "--lease-duration",
+                "3s",
+            )
+        for port in ports:
+            wait_for(f"http://127.0.0.1:{port}/readyz", 200)
+        answers = [get_json(f"http://127.0.0.1:{port}/leader") for port in ports]
+        leaders = [i for i, (status, _) in enumerate(answers) if status == 200]
+        assert len(leaders) == 1, answers
+        leader, follower = leaders[0], 1 - leaders[0]
+        term = answers[leader][1]["term"]
+        assert answers[follower][1]["holder"] == answers[leader][1]["identity"]
+
+        # The leader stops (SIGTERM releases): the follower takes over with a higher term,
+        # well before the 3 s lease would have expired.
+        podman("stop", "--time", "10", names[leader], timeout=30)
+        released_at = time.monotonic()
+        body = wait_for(f"http://127.0.0.1:{ports[follower]}/leader", 200, deadline=10)
+        assert body["term"] > term
+        assert time.monotonic() - released_at < 3
+        assert stopped_log(names[leader])["released"] is True
+    finally:
+        for name in names:
+            podman("rm", "--force", "--time", "1", name, check=False)
+        podman("volume", "rm", "--force", volume, check=False)
