@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
+from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster, warm_up
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
 from sidecar.config import ConfigError
 from sidecar.logs import log
@@ -45,6 +45,7 @@ def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
             f"token at {SERVICE_ACCOUNT_TOKEN}); give --kubeconfig or KUBECONFIG to run outside "
             "a cluster",
         )
+    warm_up()
     api = KubeApi(config.kubeconfig, config.timing.request_timeout)
     return KubernetesLeaseStore(
         config.namespace,
@@ -65,6 +66,7 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     """Relabel pods, then record the Event, on every transition."""
     from sidecar.backends.kubernetes.demotion import LeaseEvents, PodRoleLabel
 
+    warm_up(core=True)
     api, lease_uid = _api_of(config, store)
     actions: list[Action] = []
     if config.role_label_key and config.pod_name:

@@ -1,0 +1,347 @@
+"""The Kubernetes lease store against the fake API server, through the real client: the
+Lease's fields, observe-based expiry, compare-and-swap without blind retries, failures as
+StoreUnavailable within the request timeout, and the number of API calls each step costs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.backends.base import Conflict, LeaseHeld, NotOwned, StoreUnavailable
+from sidecar.backends.kubernetes.store import whole_seconds
+from tests.fakekube import FakeApiServer
+from tests.fakekube.wire import LEASES
+from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
+from tests.support.clock import FakeClock
+
+
+def lease_spec(fake: FakeApiServer) -> dict[str, Any] | None:
+    lease = fake.cluster.get(LEASES, NAMESPACE, LEASE)
+    return None if lease is None else dict(lease["spec"])
+
+
+def calls(fake: FakeApiServer) -> list[tuple[str, int]]:
+    return [(r["verb"], r["status"]) for r in fake.requests if r["resource"] == "leases"]
+
+
+async def put_foreign_lease(fake: FakeApiServer, spec: dict[str, Any]) -> None:
+    """A Lease written by someone else (another client, kubectl, a skewed clock)."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE},
+        "spec": spec,
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{fake.url}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", json=body
+        ) as response,
+    ):
+        assert response.status == 201, await response.text()
+
+
+@pytest.mark.parametrize(("seconds", "written"), [(0.5, 1), (1.0, 1), (1.5, 2), (15.0, 15)])
+def test_lease_duration_seconds_is_rounded_up_to_whole_seconds(
+    seconds: float, written: int
+) -> None:
+    """An int32 on the wire; rounding up means others never wait less than we hold."""
+    assert whole_seconds(seconds) == written
+
+
+async def test_acquiring_a_missing_lease_creates_it_with_the_standard_fields(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """holderIdentity, leaseDurationSeconds, MicroTimes with six digits (even on a whole
+    second, which the client alone would write as ``+00:00`` and be refused), term in
+    leaseTransitions; one GET and one POST."""
+    clock = FakeClock()  # wall clock exactly on a whole second
+    store = make_store(clock=clock)
+    granted = await store.try_acquire("app-0_aa", 1.5, 0)
+    assert (granted.holder, granted.term, granted.duration) == ("app-0_aa", 1, 2.0)
+    assert lease_spec(fake) == {
+        "holderIdentity": "app-0_aa",
+        "leaseDurationSeconds": 2,
+        "acquireTime": "2026-11-29T09:00:00.000000Z",
+        "renewTime": "2026-11-29T09:00:00.000000Z",
+        "leaseTransitions": 1,
+    }
+    assert calls(fake) == [("get", 404), ("create", 201)]
+
+
+async def test_a_renewal_is_one_conditional_patch_that_keeps_the_term(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    granted = await store.try_acquire("app-0_aa", 2, 0)
+    fake.requests.clear()
+    clock.advance(0.654321)
+    renewed = await store.renew("app-0_aa", granted.term, 2)
+    assert calls(fake) == [("patch", 200)]
+    assert renewed.term == granted.term
+    assert renewed.version != granted.version
+    spec = lease_spec(fake)
+    assert spec is not None
+    assert spec["renewTime"] == "2026-11-29T09:00:00.654321Z"
+    assert spec["acquireTime"] == "2026-11-29T09:00:00.000000Z"
+    assert spec["leaseTransitions"] == granted.term
+
+
+async def test_another_holders_lease_expires_only_after_being_seen_unchanged_for_its_duration(
+    make_store: StoreFactory,
+) -> None:
+    """Observe-based expiry (rule 2), on the candidate's own monotonic clock."""
+    holder = make_store()
+    clock = FakeClock()
+    candidate = make_store(clock=clock)
+    await holder.try_acquire("a_1", 2, 0)
+    with pytest.raises(LeaseHeld) as held:
+        await candidate.try_acquire("b_1", 2, 0)
+    assert held.value.record is not None
+    assert held.value.record.expires_in == 2.0  # first sight: a whole lease to wait
+    clock.advance(1.9)
+    with pytest.raises(LeaseHeld) as held:
+        await candidate.try_acquire("b_1", 2, 0)
+    assert held.value.record is not None
+    assert held.value.record.expires_in == pytest.approx(0.1)
+    clock.advance(0.1)
+    taken = await candidate.try_acquire("b_1", 2, 0)
+    assert (taken.holder, taken.term) == ("b_1", 2)
+
+
+async def test_renew_time_is_never_trusted_for_expiry(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """A lease whose renewTime is years old (a holder with a skewed clock) is still a whole
+    lease away from expiry for a candidate that has just seen it."""
+    await put_foreign_lease(
+        fake,
+        {
+            "holderIdentity": "skewed_1",
+            "leaseDurationSeconds": 2,
+            "leaseTransitions": 4,
+            "renewTime": "2020-01-01T00:00:00.000000Z",
+        },
+    )
+    candidate = make_store(clock=FakeClock())
+    with pytest.raises(LeaseHeld) as held:
+        await candidate.try_acquire("b_1", 2, 0)
+    assert held.value.record is not None
+    assert held.value.record.expires_in == 2.0
+
+
+async def test_a_renewal_seen_by_a_candidate_restarts_its_wait(make_store: StoreFactory) -> None:
+    holder = make_store()
+    clock = FakeClock()
+    candidate = make_store(clock=clock)
+    granted = await holder.try_acquire("a_1", 2, 0)
+    with pytest.raises(LeaseHeld):
+        await candidate.try_acquire("b_1", 2, 0)
+    clock.advance(1.5)
+    await holder.renew("a_1", granted.term, 2)
+    clock.advance(1.0)  # 2.5 s since the first sight, but the record changed meanwhile
+    with pytest.raises(LeaseHeld) as held:
+        await candidate.try_acquire("b_1", 2, 0)
+    assert held.value.record is not None
+    assert held.value.record.expires_in == 2.0
+
+
+async def test_a_foreign_lease_without_a_duration_uses_ours(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """``kubectl apply`` of a bare Lease: no leaseDurationSeconds is not 'expired at once'."""
+    await put_foreign_lease(fake, {"holderIdentity": "manual_1"})
+    with pytest.raises(LeaseHeld) as held:
+        await make_store(clock=FakeClock()).try_acquire("b_1", 2, 0)
+    assert held.value.record is not None
+    assert held.value.record.expires_in == 2.0
+
+
+async def test_release_empties_the_holder_and_keeps_the_term(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    store = make_store()
+    granted = await store.try_acquire("a_1", 2, 5)
+    released = await store.release("a_1", granted.term)
+    assert released is not None
+    assert (released.holder, released.term, released.free) == (None, 6, True)
+    spec = lease_spec(fake)
+    assert spec is not None
+    assert spec["holderIdentity"] == ""
+    assert spec["leaseTransitions"] == 6
+
+
+async def test_renewing_or_releasing_a_deleted_lease_is_not_owned_and_does_not_recreate_it(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """A PUT would re-create a deleted Lease (create-on-update); the store patches instead."""
+    store = make_store()
+    granted = await store.try_acquire("a_1", 2, 0)
+    fake.cluster.delete(LEASES, NAMESPACE, LEASE)
+    with pytest.raises(NotOwned) as refused:
+        await store.renew("a_1", granted.term, 2)
+    assert refused.value.record is None
+    assert lease_spec(fake) is None
+    with pytest.raises(NotOwned):
+        await store.release("a_1", granted.term)
+    assert lease_spec(fake) is None
+
+
+async def test_a_lost_race_is_read_again_and_reported_never_retried(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """409 on the compare-and-swap: one re-read, Conflict with the fresh record, no 2nd PUT."""
+    first = make_store()
+    granted = await first.try_acquire("a_1", 30, 0)
+    await first.release("a_1", granted.term)
+    fake.faults = fake.faults.parse(
+        {"errors": [{"status": 409, "count": 1, "match": {"verbs": ["update"]}}]}
+    )
+    second = make_store()
+    fake.requests.clear()
+    with pytest.raises(Conflict) as lost:
+        await second.try_acquire("b_1", 30, 0)
+    assert calls(fake) == [("get", 200), ("update", 409), ("get", 200)]
+    assert lost.value.record is not None
+    assert lost.value.record.term == granted.term
+
+
+async def test_a_renewal_conflict_is_a_conflict_while_the_lease_is_still_ours(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    store = make_store()
+    granted = await store.try_acquire("a_1", 30, 0)
+    fake.faults = fake.faults.parse(
+        {"errors": [{"status": 409, "count": 1, "match": {"verbs": ["patch"]}}]}
+    )
+    with pytest.raises(Conflict) as busy:
+        await store.renew("a_1", granted.term, 30)
+    assert busy.value.record is not None
+    assert busy.value.record.holder == "a_1"
+    renewed = await store.renew("a_1", granted.term, 30)  # the re-read gave the fresh version
+    assert renewed.term == granted.term
+
+
+async def test_a_renewal_after_someone_else_took_the_lease_is_not_owned(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    mine, theirs = make_store(), make_store(clock=FakeClock())
+    granted = await mine.try_acquire("a_1", 2, 0)
+    with pytest.raises(LeaseHeld):
+        await theirs.try_acquire("b_1", 2, 0)
+    theirs._clock.advance(2.0)  # type: ignore[attr-defined]
+    taken = await theirs.try_acquire("b_1", 2, 0)
+    with pytest.raises(NotOwned) as refused:
+        await mine.renew("a_1", granted.term, 2)
+    assert refused.value.record is not None
+    assert (refused.value.record.holder, refused.value.record.term) == ("b_1", taken.term)
+    spec = lease_spec(fake)
+    assert spec is not None
+    assert spec["holderIdentity"] == "b_1"
+
+
+@pytest.mark.parametrize("code", [500, 503, 429, 504])
+async def test_server_errors_are_store_unavailable(
+    fake: FakeApiServer, make_store: StoreFactory, code: int
+) -> None:
+    store = make_store()
+    fake.faults = fake.faults.parse({"errors": [{"status": code}]})
+    for call in (store.read, lambda: store.try_acquire("a_1", 2, 0)):
+        with pytest.raises(StoreUnavailable, match=f"HTTP {code}"):
+            await call()
+
+
+async def test_a_stalled_api_answers_unavailable_within_the_request_timeout(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    store = make_store(request_timeout=0.3)
+    granted = await store.try_acquire("a_1", 2, 0)
+    fake.faults = fake.faults.parse({"latency": 5})
+    for call in (
+        store.read,
+        lambda: store.try_acquire("b_1", 2, 0),
+        lambda: store.renew("a_1", granted.term, 2),
+        lambda: store.release("a_1", granted.term),
+    ):
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="no answer"):
+            await call()
+        assert time.monotonic() - started < 0.8
+
+
+async def test_a_partitioned_api_is_unavailable_at_once(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    store = make_store()
+    granted = await store.try_acquire("a_1", 2, 0)
+    await fake.partition()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="no answer"):
+        await store.renew("a_1", granted.term, 2)
+    assert time.monotonic() - started < 1.0
+    await fake.heal()
+    renewed = await store.renew("a_1", granted.term, 2)
+    assert renewed.term == granted.term
+
+
+async def test_a_refusal_by_rbac_is_unavailable_and_logged_with_the_fix(
+    fake: FakeApiServer, make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    fake.faults = fake.faults.parse({"forbid": [{"resources": ["leases"]}]})
+    with (
+        caplog.at_level(logging.ERROR, logger="sidecar.kubernetes"),
+        pytest.raises(StoreUnavailable, match="HTTP 403 Forbidden"),
+    ):
+        await store.try_acquire("a_1", 2, 0)
+    refusals = [r for r in caplog.records if "RBAC" in r.getMessage()]
+    assert len(refusals) == 1
+    fields = refusals[0].sidecar_fields  # type: ignore[attr-defined]
+    assert 'cannot get resource "leases"' in fields["error"]
+    assert "leases get/list/watch/create/update/patch" in fields["fix"]
+
+
+async def test_a_missing_namespace_is_unavailable_and_names_the_fix(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    fake.cluster.namespaces.discard(NAMESPACE)
+    with pytest.raises(StoreUnavailable, match="create namespace demo or fix --namespace"):
+        await make_store().try_acquire("a_1", 2, 0)
+
+
+async def test_the_requests_carry_our_user_agent(fake: FakeApiServer, make_store: StoreFactory):  # type: ignore[no-untyped-def]
+    """So the server's managedFields and audit log name the sidecar."""
+    await make_store().try_acquire("a_1", 2, 0)
+    assert {r["user_agent"] for r in fake.requests} == {"leader-sidecar"}
+    lease = fake.cluster.get(LEASES, NAMESPACE, LEASE)
+    assert lease is not None
+    assert lease["metadata"]["managedFields"][0]["manager"] == "leader-sidecar"
+
+
+async def test_concurrent_candidates_on_a_released_lease_yield_one_grant(
+    make_store: StoreFactory,
+) -> None:
+    """The PUT compare-and-swap: of ten candidates that all saw it free, one wins."""
+    first = make_store()
+    granted = await first.try_acquire("a_1", 30, 0)
+    await first.release("a_1", granted.term)
+    stores = [make_store() for _ in range(10)]
+
+    async def attempt(index: int) -> str | None:
+        try:
+            return (await stores[index].try_acquire(f"c{index}_1", 30, 0)).holder
+        except Conflict:
+            return None
+
+    results = await asyncio.gather(*(attempt(i) for i in range(10)))
+    winners = [holder for holder in results if holder]
+    assert len(winners) == 1
+    current = await first.read()
+    assert current is not None
+    assert (current.holder, current.term) == (winners[0], granted.term + 1)

@@ -1,0 +1,157 @@
+"""The store's watch on its one Lease: list, then watch from the list's resourceVersion;
+resume after a dropped stream, list again after 410 Gone, ride out partitions and RBAC
+refusals, and never raise."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from sidecar.backends.base import LeaseRecord
+from sidecar.backends.kubernetes import KubernetesLeaseStore
+from tests.fakekube import FakeApiServer
+from tests.fakekube.wire import LEASES
+from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
+
+Seen = list[LeaseRecord | None]
+
+
+@contextlib.asynccontextmanager
+async def watching(store: KubernetesLeaseStore) -> AsyncIterator[Seen]:
+    seen: Seen = []
+    failure: list[BaseException] = []
+
+    async def follow() -> None:
+        try:
+            async for record in store.watch():
+                seen.append(record)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the watch must never raise
+            failure.append(exc)
+            raise
+
+    task = asyncio.create_task(follow())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not failure, failure
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> float:
+    """Seconds it took for ``predicate`` to hold; fails after ``timeout``."""
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, "condition not met in time"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+def watch_requests(fake: FakeApiServer) -> list[dict[str, object]]:
+    return [r for r in fake.requests if r["resource"] == "leases" and r["verb"] == "watch"]
+
+
+def list_requests(fake: FakeApiServer) -> list[dict[str, object]]:
+    return [r for r in fake.requests if r["resource"] == "leases" and r["verb"] == "list"]
+
+
+async def test_the_watch_lists_first_and_then_reports_every_change(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    holder = make_store()
+    async with watching(make_store()) as seen:
+        await until(lambda: len(seen) == 1)
+        assert seen == [None]  # listed: no Lease yet
+        granted = await holder.try_acquire("a_1", 2, 0)
+        await until(lambda: len(seen) == 2)
+        await holder.renew("a_1", granted.term, 2)
+        await until(lambda: len(seen) == 3)
+        await holder.release("a_1", granted.term)
+        await until(lambda: len(seen) == 4)
+        fake.cluster.delete(LEASES, NAMESPACE, LEASE)
+        await until(lambda: len(seen) == 5)
+    holders = [(r.holder, r.term) if r else None for r in seen]
+    assert holders == [None, ("a_1", 1), ("a_1", 1), (None, 1), None]
+    assert len(list_requests(fake)) == 1
+    assert len(watch_requests(fake)) == 1
+    query = str(watch_requests(fake)[0]["query"])
+    assert "fieldSelector=metadata.name%3Dmy-app" in query
+    assert "allowWatchBookmarks=true" in query
+
+
+async def test_a_dropped_watch_resumes_from_the_last_resource_version(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    holder = make_store()
+    granted = await holder.try_acquire("a_1", 2, 0)
+    async with watching(make_store()) as seen:
+        await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
+        last_version = seen[-1].version if seen[-1] else None
+        assert fake.drop_watches() == 1
+        await until(lambda: len(watch_requests(fake)) == 2)
+        await holder.release("a_1", granted.term)
+        took = await until(lambda: any(r is not None and r.free for r in seen))
+        assert took < 1.0
+    assert f"resourceVersion={last_version}" in str(watch_requests(fake)[1]["query"])
+    assert len(list_requests(fake)) == 1  # resumed, not listed again
+
+
+async def test_a_watch_too_old_to_resume_lists_again(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    holder = make_store()
+    granted = await holder.try_acquire("a_1", 2, 0)
+    async with watching(make_store()) as seen:
+        await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
+        fake.cluster.bump()
+        fake.cluster.compact()  # the history the watch would resume from is gone
+        fake.drop_watches()
+        await until(lambda: len(list_requests(fake)) == 2)
+        await holder.release("a_1", granted.term)
+        await until(lambda: any(r is not None and r.free for r in seen))
+    assert len(seen) >= 3  # the first list, the second list, the release
+
+
+async def test_the_watch_outlives_a_partition_without_raising(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    holder = make_store()
+    granted = await holder.try_acquire("a_1", 2, 0)
+    async with watching(make_store()) as seen:
+        await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
+        await fake.partition()
+        await asyncio.sleep(0.5)
+        await fake.heal()
+        await until(lambda: len(watch_requests(fake)) >= 2, timeout=5)
+        await holder.release("a_1", granted.term)
+        await until(lambda: any(r is not None and r.free for r in seen))
+
+
+async def test_the_watch_keeps_trying_while_rbac_refuses_it(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    fake.faults = fake.faults.parse({"forbid": [{"verbs": ["list", "watch"]}]})
+    holder = make_store()
+    async with watching(make_store()) as seen:
+        await until(lambda: len(list_requests(fake)) >= 3)  # refused, backing off, retrying
+        assert seen == []
+        fake.faults = fake.faults.parse({})
+        await holder.try_acquire("a_1", 2, 0)
+        await until(lambda: any(r is not None and r.holder == "a_1" for r in seen))
+
+
+async def test_the_watch_starts_again_when_the_server_ends_it(
+    make_store: StoreFactory, fake: FakeApiServer
+) -> None:
+    """timeoutSeconds runs out: a clean end, a new watch from the last resourceVersion."""
+    holder = make_store()
+    granted = await holder.try_acquire("a_1", 2, 0)
+    async with watching(make_store(watch_timeout=1.0)) as seen:
+        await until(lambda: len(watch_requests(fake)) >= 2, timeout=4)
+        await holder.renew("a_1", granted.term, 2)
+        await until(lambda: len(seen) >= 2)
+    assert len(list_requests(fake)) == 1
