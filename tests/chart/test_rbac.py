@@ -80,7 +80,8 @@ def needed(
         ),
         (lease_namespace, *LEASES, "create", "*"),
         *((pod_namespace, *PODS, verb, "*") for verb in ("get", "patch")),
-        *((pod_namespace, g, r, verb, "*") for g, r in EVENTS for verb in ("create", "patch")),
+        # Events are recorded on the Lease, so next to it.
+        *((lease_namespace, g, r, verb, "*") for g, r in EVENTS for verb in ("create", "patch")),
     }
 
 
@@ -127,9 +128,9 @@ def test_what_the_sidecar_does_is_allowed(helm: Helm, switch: str) -> None:
         Request("patch", *LEASES, lease_ns, lease),
         Request("get", *PODS, "apps", "demo-leader-sidecar-example-7d9c-x2x4q"),
         Request("patch", *PODS, "apps", "demo-leader-sidecar-example-7d9c-aaaaa"),
-        Request("create", "", "events", "apps"),
-        Request("create", "events.k8s.io", "events", "apps"),
-        Request("patch", "events.k8s.io", "events", "apps", "payments.1872a"),
+        Request("create", "", "events", lease_ns),
+        Request("create", "events.k8s.io", "events", lease_ns),
+        Request("patch", "events.k8s.io", "events", lease_ns, "payments.1872a"),
     ):
         assert allowed(roles, request), request
 
