@@ -303,3 +303,27 @@ def test_image_digest_wins_over_the_tag(helm: Helm) -> None:
         example(helm.template(values={**SWITCHES["example"], "image": {"tag": "1.2.3"}}))
     )
     assert tagged["image"] == "leader-sidecar:1.2.3"
+
+
+def test_a_kubeconfig_gets_a_writable_tmp_for_its_certificates(helm: Helm) -> None:
+    """The Kubernetes client writes a kubeconfig's embedded certificate data to temporary
+    files; with a read-only root that needs a small tmpfs at /tmp."""
+    deployment = example(helm.template(values=SWITCHES["kubeconfig"]))
+    container = sidecar(deployment)
+    env = environment(container)
+    assert env["LEADER_SIDECAR_KUBECONFIG"] == "/etc/leader-sidecar/kubeconfig/kubeconfig"
+    assert container["volumeMounts"] == [
+        {
+            "name": "leader-sidecar-kubeconfig",
+            "mountPath": "/etc/leader-sidecar/kubeconfig",
+            "readOnly": True,
+        },
+        {"name": "leader-sidecar-tmp", "mountPath": "/tmp"},
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-kubeconfig",
+            "secret": {"secretName": "remote-cluster", "defaultMode": 0o444},
+        },
+        {"name": "leader-sidecar-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]

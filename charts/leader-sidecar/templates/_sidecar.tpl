@@ -217,6 +217,9 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: leader-sidecar-kubeconfig
   mountPath: /etc/leader-sidecar/kubeconfig
   readOnly: true
+# The Kubernetes client writes a kubeconfig's embedded certificates to temporary files.
+- name: leader-sidecar-tmp
+  mountPath: /tmp
 {{- end }}
 {{- if eq .Values.store.type "sqlite" }}
 - name: leader-sidecar-data
@@ -244,6 +247,10 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   secret:
     secretName: {{ .Values.kubeconfig.existingSecret | quote }}
     defaultMode: 0444
+- name: leader-sidecar-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
 {{- end }}
 {{- if eq .Values.store.type "sqlite" }}
 - name: leader-sidecar-data
