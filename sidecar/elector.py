@@ -504,6 +504,15 @@ class Elector:
                 self._demote("lost")  # a newer grant to someone else: we lost it
                 self._next_attempt = self._clock.now() + self._follower_delay(record)
                 self._wake.set()
+            elif record is not None and record.holder is None and record.term >= self._term:
+                # The store says nobody holds our grant any more (a failover lost our last
+                # renewals, or someone deleted it): the others may take it now, so stop at once
+                # instead of at the next renewal. Only a record at our term or later counts: a
+                # read or a release from before our grant carries an older term. (No record at
+                # all could be such a stale read, from before the first grant.)
+                self._demote("lost")
+                self._next_attempt = self._clock.now() + self._herd_jitter()
+                self._wake.set()
             return
         if record is None or record.free:
             self._free_seen_by_watch = True
