@@ -2,6 +2,8 @@
 CLI answers, it runs as the numeric non-root user with a read-only root filesystem, a replica on
 the embedded store becomes leader and says so over the published port and over localhost, and
 SIGTERM releases and exits 0 at once. Two replicas sharing a volume elect exactly one leader.
+Configured exactly as the Helm chart configures the container, it leads on the Kubernetes store
+(the project's fake API server) and labels its pod leader, then follower on SIGTERM.
 
 Slow (a debootstrapped base the first time, ~40 s; the build ~30 s, it downloads the
 dependencies from PyPI): marked ``image``. It runs in CI (``CI=true``); elsewhere it is opt-in:
@@ -13,15 +15,19 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.chart.helm import Helm, one, sidecar
 from tests.image.containers import (
     build_image,
     ensure_base_image,
@@ -29,7 +35,7 @@ from tests.image.containers import (
     podman,
     podman_run,
 )
-from tests.support.tools import require_binary
+from tests.support.tools import REPO, require_binary
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -239,3 +245,146 @@ def test_two_replicas_sharing_the_state_volume_elect_one_leader(image: str) -> N
         for name in names:
             podman("rm", "--force", "--time", "1", name, check=False)
         podman("volume", "rm", "--force", volume, check=False)
+
+
+@pytest.fixture
+def fake_kubernetes() -> Iterator[str]:
+    """The project's fake API server (tests/fakekube) in its own process; its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakekube"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        url: str = json.loads(proc.stdout.readline())["url"]
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def kube(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    request = urllib.request.Request(
+        url + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def test_configured_by_the_chart_it_leads_on_kubernetes_and_labels_its_pod(
+    image: str, container_name: str, fake_kubernetes: str, tmp_path: Path
+) -> None:
+    """The chart's container spec — environment, user, read-only root, dropped capabilities,
+    the kubeconfig Secret and the /tmp it mounts — run in the image against the fake API
+    server: the pod is labelled leader (what the leader Service selects), the Lease names it,
+    and on SIGTERM the pod turns follower and the Lease is released."""
+    api_port, public_port = free_port(), free_port()
+    values = {
+        "example": {"enabled": True},
+        "kubeconfig": {"existingSecret": "remote-cluster"},
+        "lease": {"duration": "3s"},
+        "api": {"host": "127.0.0.1", "port": api_port},
+        "public": {"host": "127.0.0.1", "port": public_port},  # host network: keep it local
+    }
+    manifests = Helm.create(tmp_path).template(values=values, namespace="default")
+    deployment = one(manifests, "Deployment")
+    container = sidecar(deployment)
+    pod_name = "demo-leader-sidecar-example-5d8f9-abcde"
+    kube(
+        fake_kubernetes,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "labels": deployment["spec"]["template"]["metadata"]["labels"],
+            },
+            "spec": {"containers": [{"name": "app", "image": "app"}]},
+        },
+    )
+    kubeconfig_dir = tmp_path / "kubeconfig"
+    kubeconfig_dir.mkdir(mode=0o755)
+    (kubeconfig_dir / "kubeconfig").write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": fake_kubernetes}}],
+                "users": [{"name": "sidecar", "user": {"token": "unused"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "sidecar"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    (kubeconfig_dir / "kubeconfig").chmod(0o644)
+
+    # The container spec as podman flags: the Downward API fields filled in as the kubelet would.
+    fields = {"metadata.name": pod_name, "metadata.namespace": "default"}
+    flags: list[str] = []
+    for var in container["env"]:
+        value = (
+            var["value"] if "value" in var else fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        )
+        flags += ["--env", f"{var['name']}={value}"]
+    security = container["securityContext"]
+    flags += [
+        "--user",
+        f"{security['runAsUser']}:{security['runAsGroup']}",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+    ]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    flags += ["--volume", f"{kubeconfig_dir}:{mounts['leader-sidecar-kubeconfig']}:ro"]
+    flags += ["--tmpfs", f"{mounts['leader-sidecar-tmp']}:size=1m"]
+    assert security["readOnlyRootFilesystem"] is True
+    podman_run(
+        "--detach",
+        "--name",
+        container_name,
+        "--network",
+        "host",
+        "--read-only",
+        "--read-only-tmpfs=false",
+        *flags,
+        image,
+    )
+
+    body = wait_for(f"http://127.0.0.1:{public_port}/leader", 200)
+    assert body["lease"] == "default/demo-leader-sidecar"
+    assert body["identity"].startswith(pod_name + "_")
+    lease = kube(
+        fake_kubernetes,
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases/demo-leader-sidecar",
+    )
+    assert lease["spec"]["holderIdentity"] == body["identity"]
+
+    def role() -> str | None:
+        pod = kube(fake_kubernetes, "GET", f"/api/v1/namespaces/default/pods/{pod_name}")
+        labels: dict[str, str] = pod["metadata"]["labels"]
+        return labels.get("leader-sidecar/role")
+
+    end = time.monotonic() + 10
+    while role() != "leader" and time.monotonic() < end:
+        time.sleep(0.2)
+    assert role() == "leader"
+
+    podman("stop", "--time", "10", container_name, timeout=30)
+    state = json.loads(podman("inspect", container_name).stdout)[0]["State"]
+    assert state["ExitCode"] == 0
+    assert role() == "follower"
+    lease = kube(
+        fake_kubernetes,
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases/demo-leader-sidecar",
+    )
+    assert not lease["spec"].get("holderIdentity")
