@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.connection import Connection, ConnectionPool, SSLConnection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
@@ -523,6 +523,11 @@ class RedisLeaseStore:
             return "error", f"TLS handshake failed: {text}"
         if not self.target.tls and "reset by peer" in text:
             return "warning", f"{text} (if the server only speaks TLS, use rediss://)"
+        if isinstance(exc, MasterNotFoundError):
+            hint = f"check the master name {self.target.master_name!r} in --store"
+            if "uthenticat" in text or "NOAUTH" in text or "WRONGPASS" in text:
+                hint = "the Sentinels refused our credentials: check --redis-sentinel-password"
+            return "error", f"no Sentinel named a primary ({text}); {hint}"
         if isinstance(exc, RedisTimeoutError | TimeoutError):
             return "warning", f"no answer within {self.request_timeout:g}s ({text})"
         if isinstance(exc, BusyLoadingError):

@@ -42,6 +42,7 @@ async def make_store() -> AsyncIterator[StoreFactory]:
             lease,
             request_timeout=request_timeout,
             min_replicas=min_replicas,
+            client_name="leader-sidecar:test",  # as the sidecar names its connections
         )
         stores.append(store)
         return store

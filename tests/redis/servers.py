@@ -133,7 +133,13 @@ class RedisServer:
 
     @classmethod
     def start_sentinel(
-        cls, directory: Path, master: RedisServer, name: str = "m", *, down_after_ms: int = 1000
+        cls,
+        directory: Path,
+        master: RedisServer,
+        name: str = "m",
+        *,
+        down_after_ms: int = 1000,
+        password: str | None = None,
     ) -> RedisServer:
         """A sentinel monitoring ``master`` with quorum 1. It rewrites its config file, so the
         file lives in its own directory."""
@@ -150,8 +156,15 @@ class RedisServer:
                 f"sentinel monitor {name} 127.0.0.1 {master.port} 1\n"
                 f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
                 f"sentinel failover-timeout {name} 10000\n"
+                + (f"requirepass {password}\n" if password else "")
             )
-            server = cls(directory, [binary, str(config)], port=chosen, sentinel=True)
+            server = cls(
+                directory,
+                [binary, str(config)],
+                port=chosen,
+                sentinel=True,
+                client_kwargs={"password": password} if password else None,
+            )
             if server._launch():
                 return server
         raise AssertionError(f"redis-sentinel did not start; log:\n{server.log_tail()}")
@@ -325,7 +338,9 @@ class SentinelGroup:
 
 
 @contextlib.contextmanager
-def sentinel_group(replicas: int = 1) -> Iterator[SentinelGroup]:
+def sentinel_group(
+    replicas: int = 1, sentinel_password: str | None = None
+) -> Iterator[SentinelGroup]:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="redis-sentinel-")))
         started: list[RedisServer] = []
@@ -339,7 +354,7 @@ def sentinel_group(replicas: int = 1) -> Iterator[SentinelGroup]:
             replica.replicate(primary)
         sentinel_dir = tmp / "sentinel"
         sentinel_dir.mkdir()
-        sentinel = RedisServer.start_sentinel(sentinel_dir, primary)
+        sentinel = RedisServer.start_sentinel(sentinel_dir, primary, password=sentinel_password)
         started.append(sentinel)
         group = SentinelGroup(primary, others, sentinel)
         group.wait_sentinel_knows_replicas(replicas)

@@ -219,6 +219,13 @@ async def test_the_password_comes_from_the_environment(tmp_path: Path) -> None:
                 leader = await observer.leader()
                 assert leader.name == "a"
             assert not any("s3cret" in line for line in procs[0].raw)
+        in_url = f"redis://:s3cret%20horse@127.0.0.1:{guarded.port}/0"
+        with sidecars(["b"], in_url) as procs:
+            async with observing(procs) as observer:
+                leader = await observer.leader()
+                assert leader.name == "b"
+            assert not any("s3cret" in line for line in procs[0].raw)
+            assert any(f"redis://127.0.0.1:{guarded.port}/0" in line for line in procs[0].raw)
     finally:
         guarded.stop()
 

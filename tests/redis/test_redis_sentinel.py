@@ -78,3 +78,15 @@ async def test_after_a_failover_the_store_moves_to_the_new_master_within_seconds
         record = await next_matching(seen, lambda r: r is not None and r.free, timeout=2)
         assert record is not None
         assert record.term == granted.term
+
+
+async def test_sentinels_with_a_password_of_their_own_take_the_sentinel_password(
+    make_store: StoreFactory,
+) -> None:
+    with sentinel_group(replicas=1, sentinel_password="sentinel-pw") as guarded:
+        without = make_store(guarded.url())
+        with pytest.raises(StoreUnavailable, match="check --redis-sentinel-password"):
+            await without.read()
+        store = make_store(guarded.url(), sentinel_password="sentinel-pw")
+        granted = await store.try_acquire("a_1", 5.0, 0)
+        assert granted.holder == "a_1"

@@ -352,3 +352,39 @@ async def test_wait_counts_the_writes_of_the_request_itself(
         assert time.monotonic() - started < 0.2
     finally:
         replica.resume()
+
+
+# -- least privilege ------------------------------------------------------------------------
+
+# The ACL the README recommends, verbatim.
+README_ACL = (
+    "on >pw resetkeys ~leader-sidecar:* resetchannels &leader-sidecar:* -@all "
+    "+get +set +del +incr +pttl +publish +subscribe +unsubscribe +eval +evalsha +script|load "
+    "+wait +ping +client|setname"
+)
+
+
+async def test_the_documented_acl_is_enough_for_every_operation(
+    tmp_path: Path, server: RedisServer, make_store: StoreFactory
+) -> None:
+    (tmp_path / "replica").mkdir()
+    replica = RedisServer.start(tmp_path / "replica")
+    try:
+        replica.replicate(server)
+        with server.client() as client:
+            client.execute_command("ACL", "SETUSER", "sidecar", *README_ACL.split())
+            client.script_flush()  # the scripts must be loadable by this user too
+        url = f"redis://sidecar:pw@127.0.0.1:{server.port}/0"
+        store, follower = make_store(url, min_replicas=1), make_store(url)
+        async with watching(follower) as seen:
+            assert await asyncio.wait_for(seen.get(), 2) is None
+            granted = await store.try_acquire("a_1", 5.0, 0)
+            await store.renew("a_1", granted.term, 5.0)
+            await store.release("a_1", granted.term)
+            released = await next_matching(seen, lambda r: r is not None and r.free, 2)
+            assert released is not None
+            assert released.term == granted.term
+        with server.client() as client:
+            assert client.execute_command("ACL", "LOG") == []  # nothing was refused
+    finally:
+        replica.stop()
