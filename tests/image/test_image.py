@@ -71,7 +71,7 @@ def image(request: pytest.FixtureRequest) -> Iterator[str]:
 def container_name() -> Iterator[str]:
     name = f"leader-sidecar-test-{uuid.uuid4().hex[:10]}"
     yield name
-    podman("rm", "--force", "--time", "1", name, check=False)
+    podman("rm", "--force", "--volumes", "--time", "1", name, check=False)
 
 
 def free_port() -> int:
@@ -243,7 +243,7 @@ def test_two_replicas_sharing_the_state_volume_elect_one_leader(image: str) -> N
         assert stopped_log(names[leader])["released"] is True
     finally:
         for name in names:
-            podman("rm", "--force", "--time", "1", name, check=False)
+            podman("rm", "--force", "--volumes", "--time", "1", name, check=False)
         podman("volume", "rm", "--force", volume, check=False)
 
 
