@@ -352,7 +352,8 @@ def open_redis_store(config: Config) -> RedisLeaseStore:
 class RedisLeaseStore:
     # Backoff of the watch's reconnection attempts.
     WATCH_BACKOFF = (0.05, 2.0)
-    # How often the watch loop checks whether a Sentinel announced a new master.
+    # The watch waits for a message at most this long before checking whether a Sentinel
+    # announced a new master (then it resubscribes there).
     SWITCH_POLL = 0.1
 
     def __init__(
@@ -385,7 +386,6 @@ class RedisLeaseStore:
         self._release = self._client.register_script(RELEASE)
         self._read = self._client.register_script(READ)
         self._master_generation = 0  # bumped on every Sentinel +switch-master
-        self._master_switched = asyncio.Event()
         self._failing: str | None = None  # the problem last logged, until a request succeeds
 
     # -- connections ----------------------------------------------------------------------
@@ -481,7 +481,7 @@ class RedisLeaseStore:
             result = await work()
         except StoreError:
             raise
-        except (RedisError, OSError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # redis-py, the socket, TLS, a foreign value in our key
             raise self._unavailable(exc) from exc
         if self._failing is not None:
             log(logger, "info", "redis answers again", store=self._where(), lease=self.lease)
@@ -543,7 +543,9 @@ class RedisLeaseStore:
             )
         if isinstance(exc, ResponseError) and text.startswith("NOREPLICAS"):
             return "warning", f"too few replicas for the server's min-replicas-to-write ({text})"
-        if isinstance(exc, ValueError | KeyError | TypeError):
+        if isinstance(exc, ValueError | KeyError | TypeError) or (
+            isinstance(exc, ResponseError) and "user_script" in text  # cjson in our scripts
+        ):
             return "error", (
                 f"unexpected value in {self._holder_key} ({type(exc).__name__}: {text}); "
                 "something else writes to this key"
@@ -686,7 +688,7 @@ class RedisLeaseStore:
                         )
                         if message is not None and message.get("type") == "message":
                             yield _message_record(message["data"])
-                except (StoreError, RedisError, OSError, ValueError, KeyError, TypeError) as exc:
+                except Exception as exc:  # never raise: the elector relies on the watch
                     if not isinstance(exc, StoreError):
                         self._unavailable(exc)  # logs once per distinct problem
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -728,7 +730,7 @@ class RedisLeaseStore:
                     name, *_rest = str(message["data"]).split()
                     if name == self.target.master_name:
                         await self._on_master_switch(str(message["data"]))
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # keep following; requests still rediscover on errors
                 log(logger, "debug", "sentinel subscription lost", error=str(exc))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self.WATCH_BACKOFF[1])
@@ -746,15 +748,16 @@ class RedisLeaseStore:
             lease=self.lease,
         )
         assert isinstance(self._pool, SentinelConnectionPool)
-        # Idle connections are closed now (they would talk to the old master); connections
-        # in use are closed when they come back (see `_borrowed`). New ones ask the
-        # Sentinels where the master is.
-        with contextlib.suppress(RedisError, OSError):
+        # Every connection to the old master is closed now, those in use included: a request
+        # in flight there fails (a mutation would not count anyway, see `_borrowed`) and is
+        # retried by the elector; new connections ask the Sentinels where the master is.
+        with contextlib.suppress(Exception):
             await asyncio.wait_for(
                 self._pool.get_master_address(),  # type: ignore[no-untyped-call]
                 self.request_timeout,
             )
-        await self._pool.disconnect(inuse_connections=False)
+        with contextlib.suppress(Exception):
+            await self._pool.disconnect(inuse_connections=True)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -133,7 +133,7 @@ async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
     store = make_store(server.url)
     with pytest.raises(StoreUnavailable, match="leader-sidecar"):
         await store.read()
-    with pytest.raises(StoreUnavailable):
+    with pytest.raises(StoreUnavailable, match="something else writes to this key"):
         await store.try_acquire("a_1", 5.0, 0)
 
 
