@@ -238,9 +238,10 @@ async def test_a_partitioned_leader_answers_503_before_its_lease_could_expire(
 async def test_deleting_the_lease_while_leading_never_reuses_a_term(
     fake: FakeKubeProcess, tmp_path: Path
 ) -> None:
-    """Everyone saw term T through the watch; whoever re-creates the Lease takes T + 1."""
+    """Everyone saw term T through the watch: the leader stops when its watch shows the Lease
+    gone, and whoever re-creates it takes T + 1; never two leaders."""
     with three_sidecars(fake, tmp_path) as procs:
-        async with LeaderObserver(procs) as observer:
+        async with observing(procs) as observer:
             first = await observer.leader(timeout=10)
             assert first.term is not None
             for proc in procs:  # every replica has seen the term (a replica that never saw
@@ -278,7 +279,7 @@ async def test_deleting_the_lease_while_leading_never_reuses_a_term(
             }
             assert new_reigns
             assert all(term is not None and term > first.term for _, _, term in new_reigns)
-            # The old leader learns of the new grant from its watch and stops at once.
+            # The old leader learns of the deletion from its watch and stops at once.
             old_reign = [
                 s
                 for s in observer.samples

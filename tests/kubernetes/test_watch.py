@@ -75,7 +75,10 @@ async def test_the_watch_lists_first_and_then_reports_every_change(
         fake.cluster.delete(LEASES, NAMESPACE, LEASE)
         await until(lambda: len(seen) == 5)
     holders = [(r.holder, r.term) if r else None for r in seen]
-    assert holders == [None, ("a_1", 1), ("a_1", 1), (None, 1), None]
+    # Deleted: free, at the last term (the floor for the next grant).
+    assert holders == [None, ("a_1", 1), ("a_1", 1), (None, 1), (None, 1)]
+    assert seen[-1] is not None
+    assert seen[-1].free
     assert len(list_requests(fake)) == 1
     assert len(watch_requests(fake)) == 1
     query = str(watch_requests(fake)[0]["query"])

@@ -16,6 +16,10 @@ Compare-and-swap everywhere, on the resourceVersion this process last observed:
 A 409 is never retried blindly: the store re-reads and reports what it found (`Conflict`, or
 `NotOwned` when the lease is no longer ours).
 
+The watch reports a deleted Lease as free at its last term (not as "no record"): nobody holds
+it any more, so a leader stops at once, and the term carries on in every replica's
+high-water mark, so the Lease is re-created with the next term.
+
 Expiry is observe-based (DESIGN rule 2), as client-go does it: a candidate treats the Lease
 as expired only after *this process* has seen the same resourceVersion unchanged for
 ``leaseDurationSeconds`` on its own monotonic clock. ``renewTime`` is never trusted, so clock
@@ -25,6 +29,7 @@ skew between hosts cannot shorten a lease; a process that has just started waits
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -130,6 +135,14 @@ class KubernetesLeaseStore:
             acquired_at=spec.acquire_time if spec else None,
             renewed_at=spec.renew_time if spec else None,
         )
+
+    def _deleted(self, lease: Any) -> LeaseRecord:
+        """A Lease deleted under us (``kubectl delete lease``): nobody holds it any more, and
+        its last term is still the floor for the next grant. Reported as free at that term, so
+        a leader that sees it stops at once and followers create the Lease again above it."""
+        self._observe(None)
+        record = self._record(lease, self._clock.now())
+        return dataclasses.replace(record, holder=None, expires_in=0.0)
 
     def _unavailable(self, error: CallError) -> StoreUnavailable:
         if error.status == 404 and error.reason == "NotFound" and "namespaces" in error.message:
@@ -351,7 +364,7 @@ class KubernetesLeaseStore:
                     failures = 0
                     version = resume_at
                     if kind == "DELETED":
-                        yield self._observe(None)
+                        yield self._deleted(lease)
                     elif kind in ("ADDED", "MODIFIED"):
                         yield self._observe(lease)
             except _Relist as relist:
