@@ -304,3 +304,35 @@ def test_the_cli_exits_2_with_one_line_when_there_is_no_cluster() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("leader-sidecar: --store=kubernetes: not running in a Kubernetes")
+
+
+async def test_pods_may_live_in_another_namespace_than_the_lease(
+    fake: FakeApiServer, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--namespace`` names the Lease's namespace; the pods are in ``POD_NAMESPACE``."""
+    fake.cluster.namespaces.add("apps")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "app-0"},
+        "spec": {"containers": [{"name": "app", "image": "registry.example/app:1.0"}]},
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{fake.url}/api/v1/namespaces/apps/pods", json=body) as response,
+    ):
+        assert response.status == 201
+    monkeypatch.setenv("POD_NAMESPACE", "apps")
+    config = kube_config(kubeconfig, "--pod-name", "app-0")
+    store = open_kubernetes_store(config)  # type: ignore[arg-type]
+    try:
+        for action in demotion_actions(config, store):  # type: ignore[arg-type]
+            await action(became_leader("app-0_a", None))
+    finally:
+        await store.close()
+    pod = fake.cluster.get(PODS, "apps", "app-0")
+    assert pod is not None
+    assert pod["metadata"]["labels"] == {KEY: "leader"}
+    (event,) = fake.cluster.list(EVENTS, NAMESPACE)
+    assert event["involvedObject"]["namespace"] == NAMESPACE
+    assert (event["related"]["namespace"], event["related"]["name"]) == ("apps", "app-0")

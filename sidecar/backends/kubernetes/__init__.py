@@ -10,12 +10,13 @@ Events.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster, warm_up
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
-from sidecar.config import ConfigError
+from sidecar.config import SERVICE_ACCOUNT_DIR, ConfigError
 from sidecar.logs import log
 
 if TYPE_CHECKING:
@@ -55,6 +56,17 @@ def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
     )
 
 
+def pod_namespace(config: Config) -> str:
+    """The pods' namespace: ``POD_NAMESPACE`` (downward API), else the service account's, else
+    the Lease's. A Lease may live in another namespace than the pods (``--namespace``)."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or config.namespace
+    except OSError:
+        return config.namespace
+
+
 def _api_of(config: Config, store: LeaseStore) -> tuple[KubeApi, Callable[[], str | None]]:
     if isinstance(store, KubernetesLeaseStore):
         return store.api, lambda: store.uid
@@ -70,7 +82,9 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     api, lease_uid = _api_of(config, store)
     actions: list[Action] = []
     if config.role_label_key and config.pod_name:
-        actions.append(PodRoleLabel(api, config.namespace, config.pod_name, config.role_label_key))
+        actions.append(
+            PodRoleLabel(api, pod_namespace(config), config.pod_name, config.role_label_key)
+        )
     else:
         log(
             logger,
@@ -81,7 +95,13 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
         )
     actions.append(
         LeaseEvents(
-            api, config.namespace, config.lease, config.identity, config.pod_name, lease_uid
+            api,
+            config.namespace,
+            config.lease,
+            config.identity,
+            config.pod_name,
+            lease_uid,
+            pod_namespace=pod_namespace(config),
         )
     )
     return actions
@@ -93,6 +113,12 @@ def gap_alert_listener(config: Config, store: LeaseStore) -> Callable[[GapAlert]
 
     api, lease_uid = _api_of(config, store)
     events = LeaseEvents(
-        api, config.namespace, config.lease, config.identity, config.pod_name, lease_uid
+        api,
+        config.namespace,
+        config.lease,
+        config.identity,
+        config.pod_name,
+        lease_uid,
+        pod_namespace=pod_namespace(config),
     )
     return events.gap

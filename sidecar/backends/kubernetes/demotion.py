@@ -73,7 +73,7 @@ class PodRoleLabel:
 
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, key: str) -> None:
         self.api = api
-        self.namespace = namespace
+        self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
 
@@ -132,9 +132,11 @@ class LeaseEvents:
         pod_name: str | None,
         lease_uid: Callable[[], str | None],
         clock: Clock = SYSTEM_CLOCK,
+        pod_namespace: str | None = None,
     ) -> None:
         self.api = api
-        self.namespace = namespace
+        self.namespace = namespace  # the Lease's, and so the Events'
+        self.pod_namespace = pod_namespace or namespace
         self.lease = lease
         self.identity = identity
         self.pod_name = pod_name
@@ -179,7 +181,7 @@ class LeaseEvents:
         )
         related = (
             client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=self.pod_name, namespace=self.namespace
+                api_version="v1", kind="Pod", name=self.pod_name, namespace=self.pod_namespace
             )
             if self.pod_name
             else None
