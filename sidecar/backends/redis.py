@@ -521,7 +521,14 @@ class RedisLeaseStore:
             )
         if any(isinstance(e, ssl.SSLError) for e in chain) or "[SSL" in text:
             return "error", f"TLS handshake failed: {text}"
-        if not self.target.tls and "reset by peer" in text:
+        if "reset by peer" in text:
+            if self.target.tls:
+                # TLS 1.3 checks the client certificate after the handshake: a refusal may
+                # arrive as an alert (above) or as a bare reset.
+                return "warning", (
+                    f"{text} (the server closed the TLS connection; if it requires client "
+                    "certificates, give --redis-cert-file and --redis-key-file)"
+                )
             return "warning", f"{text} (if the server only speaks TLS, use rediss://)"
         if isinstance(exc, MasterNotFoundError):
             hint = f"check the master name {self.target.master_name!r} in --store"
