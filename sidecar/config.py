@@ -294,8 +294,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--redis-sentinel-password",
         parse_text,
-        "password of the Sentinels themselves (redis+sentinel://; prefer the environment "
-        "variable)",
+        "password of the Sentinels themselves (redis+sentinel://; prefer the env variable)",
         "PASSWORD",
     ),
     Option(

@@ -273,7 +273,8 @@ async def test_with_min_replicas_and_no_replica_no_one_leads_until_it_returns(
     tmp_path: Path, server: RedisServer
 ) -> None:
     """Fail closed: grants that no replica acknowledged do not count. When the replica comes
-    back, a leader appears, with a term above the grants that did not count."""
+    back, a leader appears, with a term above the grants that did not count (every refused
+    grant used up its term)."""
     (tmp_path / "replica").mkdir()
     replica = RedisServer.start(tmp_path / "replica")
     try:
@@ -297,7 +298,8 @@ async def test_with_min_replicas_and_no_replica_no_one_leads_until_it_returns(
                 replica.replicate(server)
                 leader = await observer.leader(timeout=LEASE + 2 * RETRY + 3, after=started)
                 assert leader.term is not None
-                assert leader.term > burned
+                # The grant that counts may be one already in flight when we read the counter.
+                assert leader.term >= burned
                 observer.assert_never_two_leaders()
     finally:
         replica.stop()
