@@ -283,7 +283,9 @@ async def test_deleting_the_lease_while_leading_never_reuses_a_term(
             old_reign = [
                 s
                 for s in observer.samples
-                if s.leader and s.identity == first.identity and s.sent > deleted_at
+                if s.leader
+                and (s.identity, s.term) == (first.identity, first.term)
+                and s.sent > deleted_at
             ]
             assert max((s.received for s in old_reign), default=0.0) <= successor.since + 0.5
             assert all(proc.proc.poll() is None for proc in procs)

@@ -171,7 +171,7 @@ class KubeApi:
             async with asyncio.timeout(budget):
                 return await request()
         except TimeoutError:
-            raise CallError(op, 0, "timeout", f"no answer within {budget:.3f}s") from None
+            raise CallError(op, 0, f"timed out after {budget:.3f}s", "") from None
         except ApiException as exc:
             status = int(exc.status or 0)
             reason, message = status_text(exc.body, str(exc.reason or ""))
