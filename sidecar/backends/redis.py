@@ -90,95 +90,6 @@ def lease_keys(lease: str) -> tuple[str, str, str]:
     return f"{base}:holder", f"{base}:term", f"{base}:events"
 
 
-# -- the scripts ------------------------------------------------------------------------------
-# Every script answers the same shape, so one function turns any reply into a record:
-#   {granted (1|0), holder value (JSON string) | nil, PTTL of the holder key in ms,
-#    term counter | nil}
-# A Lua `false` inside a table reaches the client as nil. Terms are Lua numbers (doubles):
-# exact up to 2^53 grants, and cjson writes them exactly up to 10^14 — at one grant per second,
-# three million years.
-
-# Acquire.
-# KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] lease in ms, ARGV[3] min_term (the caller's high-water mark),
-# ARGV[4] wall time (for humans), ARGV[5] event channel.
-# Grants when the holder key is absent (free, released, or expired by its TTL) or holds the
-# caller's identity; the new term is max(INCR counter, min_term + 1, held term + 1), and the
-# counter is raised to it, so no later grant can reuse a term. Publishes the new value.
-# Returns {1, new value, lease ms, term} or {0, current value, PTTL, counter}.
-ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-local floor = tonumber(ARGV[3]) + 1
-if current then
-  local held = cjson.decode(current)
-  if held.holder ~= ARGV[1] then
-    return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-  end
-  if held.term + 1 > floor then floor = held.term + 1 end
-end
-local term = redis.call('INCR', KEYS[2])
-if term < floor then
-  term = floor
-  redis.call('SET', KEYS[2], string.format('%d', term))
-end
-local value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[2]),
-                            version = 1, acquired_at = ARGV[4], renewed_at = ARGV[4]})
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-redis.call('PUBLISH', ARGV[5], value)
-return {1, value, tonumber(ARGV[2]), string.format('%d', term)}
-"""
-
-# Renew.
-# KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time.
-# Extends the TTL to one full lease only while the key holds this identity AND this term; an
-# expired key is absent, so a lapsed grant cannot be revived (the caller must acquire anew).
-# Returns {1, new value, lease ms, counter} or {0, current value | nil, PTTL, counter}.
-RENEW = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
-    held.duration_ms = tonumber(ARGV[3])
-    held.renewed_at = ARGV[4]
-    held.version = held.version + 1
-    local value = cjson.encode(held)
-    redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-    return {1, value, tonumber(ARGV[3]), redis.call('GET', KEYS[2])}
-  end
-end
-return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-"""
-
-# Release.
-# KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] term, ARGV[3] event channel, ARGV[4] '1' to publish, '0' not to.
-# Compare-and-delete: deletes the holder key only while it holds this identity AND this term;
-# the term counter stays. Publishes {"term": T, "released": true} so followers try at once.
-# Returns {1, nil, -2, released term} or {0, current value | nil, PTTL, counter}.
-RELEASE = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
-    redis.call('DEL', KEYS[1])
-    if ARGV[4] == '1' then
-      redis.call('PUBLISH', ARGV[3], cjson.encode({term = held.term, released = true}))
-    end
-    return {1, false, -2, string.format('%d', held.term)}
-  end
-end
-return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-"""
-
-# Read.
-# KEYS[1] holder key, KEYS[2] term counter. No ARGV.
-# Returns {0, value | nil, PTTL, counter}: value and its TTL from one moment.
-READ = """#!lua flags=no-writes
-return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-"""
-
-
 # -- settings ---------------------------------------------------------------------------------
 
 
@@ -350,6 +261,94 @@ def open_redis_store(config: Config) -> RedisLeaseStore:
 
 
 class RedisLeaseStore:
+    # -- the scripts: one per ownership-dependent step (rule 1) --------------------------
+    # Every script answers the same shape, so one function turns any reply into a record:
+    #   {granted (1|0), holder value (JSON string) | nil, PTTL of the holder key in ms,
+    #    term counter | nil}
+    # A Lua `false` inside a table reaches the client as nil. Terms are Lua numbers (doubles):
+    # exact up to 2^53 grants, and cjson writes them exactly up to 10^14 — at one grant per second,
+    # three million years.
+
+    # Acquire.
+    # KEYS[1] holder key, KEYS[2] term counter.
+    # ARGV[1] identity, ARGV[2] lease in ms, ARGV[3] min_term (the caller's high-water mark),
+    # ARGV[4] wall time (for humans), ARGV[5] event channel.
+    # Grants when the holder key is absent (free, released, or expired by its TTL) or holds the
+    # caller's identity; the new term is max(INCR counter, min_term + 1, held term + 1), and the
+    # counter is raised to it, so no later grant can reuse a term. Publishes the new value.
+    # Returns {1, new value, lease ms, term} or {0, current value, PTTL, counter}.
+    ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+local floor = tonumber(ARGV[3]) + 1
+if current then
+  local held = cjson.decode(current)
+  if held.holder ~= ARGV[1] then
+    return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+  end
+  if held.term + 1 > floor then floor = held.term + 1 end
+end
+local term = redis.call('INCR', KEYS[2])
+if term < floor then
+  term = floor
+  redis.call('SET', KEYS[2], string.format('%d', term))
+end
+local value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[2]),
+                            version = 1, acquired_at = ARGV[4], renewed_at = ARGV[4]})
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[5], value)
+return {1, value, tonumber(ARGV[2]), string.format('%d', term)}
+"""
+
+    # Renew.
+    # KEYS[1] holder key, KEYS[2] term counter.
+    # ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time.
+    # Extends the TTL to one full lease only while the key holds this identity AND this term; an
+    # expired key is absent, so a lapsed grant cannot be revived (the caller must acquire anew).
+    # Returns {1, new value, lease ms, counter} or {0, current value | nil, PTTL, counter}.
+    RENEW = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local held = cjson.decode(current)
+  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+    held.duration_ms = tonumber(ARGV[3])
+    held.renewed_at = ARGV[4]
+    held.version = held.version + 1
+    local value = cjson.encode(held)
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+    return {1, value, tonumber(ARGV[3]), redis.call('GET', KEYS[2])}
+  end
+end
+return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+
+    # Release.
+    # KEYS[1] holder key, KEYS[2] term counter.
+    # ARGV[1] identity, ARGV[2] term, ARGV[3] event channel, ARGV[4] '1' to publish, '0' not to.
+    # Compare-and-delete: deletes the holder key only while it holds this identity AND this term;
+    # the term counter stays. Publishes {"term": T, "released": true} so followers try at once.
+    # Returns {1, nil, -2, released term} or {0, current value | nil, PTTL, counter}.
+    RELEASE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local held = cjson.decode(current)
+  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+    redis.call('DEL', KEYS[1])
+    if ARGV[4] == '1' then
+      redis.call('PUBLISH', ARGV[3], cjson.encode({term = held.term, released = true}))
+    end
+    return {1, false, -2, string.format('%d', held.term)}
+  end
+end
+return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+
+    # Read.
+    # KEYS[1] holder key, KEYS[2] term counter. No ARGV.
+    # Returns {0, value | nil, PTTL, counter}: value and its TTL from one moment.
+    READ = """#!lua flags=no-writes
+return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+
     # Backoff of the watch's reconnection attempts.
     WATCH_BACKOFF = (0.05, 2.0)
     # The watch waits for a message at most this long before checking whether a Sentinel
@@ -381,10 +380,10 @@ class RedisLeaseStore:
         self._client = Redis(connection_pool=self._pool)
         # Registered once; each runs as EVALSHA, loading itself on NOSCRIPT (a restarted
         # server, a new master after failover).
-        self._acquire = self._client.register_script(ACQUIRE)
-        self._renew = self._client.register_script(RENEW)
-        self._release = self._client.register_script(RELEASE)
-        self._read = self._client.register_script(READ)
+        self._acquire = self._client.register_script(self.ACQUIRE)
+        self._renew = self._client.register_script(self.RENEW)
+        self._release = self._client.register_script(self.RELEASE)
+        self._read = self._client.register_script(self.READ)
         self._master_generation = 0  # bumped on every Sentinel +switch-master
         self._failing: str | None = None  # the problem last logged, until a request succeeds
 
