@@ -13,8 +13,8 @@ Each ownership-dependent step is one Lua script (rule 1), so the condition and t
 atomic at the server. With ``min_replicas`` a grant or renewal counts only after ``WAIT``
 confirms that many replicas have it; otherwise the store answers `StoreUnavailable` (fail
 closed). Every Redis or socket error becomes `StoreUnavailable` with a message naming the
-cause; every request is bounded by the request timeout, and redis-py's own retries are off
-(the elector retries, against its deadline).
+cause; every request is bounded by the request timeout, and redis-py retries nothing but one
+immediate reconnect (the elector retries, against its deadline).
 """
 
 from __future__ import annotations
@@ -679,6 +679,7 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
         if self._sentinel is not None:
             sentinels = asyncio.create_task(self._follow_sentinels(), name="redis-sentinels")
         delay = self.WATCH_BACKOFF[0]
+        poll = self.SWITCH_POLL if sentinels is not None else 1.0
         try:
             while True:
                 pubsub: PubSub = self._client.pubsub()
@@ -690,7 +691,7 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
                     delay = self.WATCH_BACKOFF[0]
                     while generation == self._master_generation:
                         message = await pubsub.get_message(
-                            ignore_subscribe_messages=True, timeout=self.SWITCH_POLL
+                            ignore_subscribe_messages=True, timeout=poll
                         )
                         if message is not None and message.get("type") == "message":
                             yield _message_record(message["data"])
