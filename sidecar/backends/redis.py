@@ -345,7 +345,9 @@ return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
     # Read.
     # KEYS[1] holder key, KEYS[2] term counter. No ARGV.
     # Returns {0, value | nil, PTTL, counter}: value and its TTL from one moment.
-    READ = """#!lua flags=no-writes
+    # (No `#!lua flags=no-writes` shebang: it needs Redis 7, and the scripts otherwise run on
+    # any Redis since 3.0 — managed services still run 6.x. We only ever talk to the primary.)
+    READ = """
 return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 
