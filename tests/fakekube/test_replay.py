@@ -197,6 +197,7 @@ async def read_stream(response: aiohttp.ClientResponse) -> list[tuple[float, dic
         lines.append((time.monotonic() - started, json.loads(line)))
 
 
+@pytest.mark.slow  # the recorded timeoutSeconds=5
 async def test_a_field_selected_watch_reports_that_lease_only_and_ends_at_its_timeout(
     replayer: Replayer,
 ) -> None:
@@ -264,6 +265,7 @@ def _recorded_uid(recorded_watch: dict[str, Any], action: dict[str, Any]) -> str
     return ""
 
 
+@pytest.mark.slow  # each stream runs to its recorded timeoutSeconds
 @pytest.mark.parametrize(
     ("name", "expected_types", "other_writes"),
     [
