@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from sidecar.backends.base import LeaseHeld
 from sidecar.backends.kubernetes import (
     KubernetesLeaseStore,
     demotion_actions,
@@ -336,3 +337,29 @@ async def test_pods_may_live_in_another_namespace_than_the_lease(
     (event,) = fake.cluster.list(EVENTS, NAMESPACE)
     assert event["involvedObject"]["namespace"] == NAMESPACE
     assert (event["related"]["namespace"], event["related"]["name"]) == ("apps", "app-0")
+
+
+async def test_a_new_leader_relabels_a_holder_that_released_but_kept_its_leader_label(
+    fake: FakeApiServer, kubeconfig: Path, make_store: StoreFactory
+) -> None:
+    """The old leader released on shutdown but its own 'follower' label never reached the API
+    (say, the API was slow): the new leader still relabels it, from what its store saw."""
+    for pod in ("app-0", "app-1"):
+        await create_pod(fake, pod)
+    old, new = make_store(), make_store()
+    api = KubeApi(str(kubeconfig), 2.0)
+    try:
+        granted = await old.try_acquire("app-0_aaaa", 2, 0)
+        await PodRoleLabel(api, NAMESPACE, "app-0", KEY)(became_leader("app-0_aaaa", None))
+        with pytest.raises(LeaseHeld):
+            await new.try_acquire("app-1_bbbb", 2, 0)  # the new one has seen app-0 lead
+        await old.release("app-0_aaaa", granted.term)  # ... and app-0 is never relabelled
+        await new.try_acquire("app-1_bbbb", 2, 0)
+        assert new.previous_holder == "app-0_aaaa"
+        action = PodRoleLabel(api, NAMESPACE, "app-1", KEY, lambda: new.previous_holder)
+        # The elector saw the lease free, so its transition names no previous holder.
+        await action(became_leader("app-1_bbbb", None))
+    finally:
+        await api.close()
+    assert labels(fake, "app-0")[KEY] == "follower"
+    assert labels(fake, "app-1")[KEY] == "leader"

@@ -74,6 +74,12 @@ def _api_of(config: Config, store: LeaseStore) -> tuple[KubeApi, Callable[[], st
     return KubeApi(config.kubeconfig, config.timing.request_timeout), lambda: None
 
 
+def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
+    if isinstance(store, KubernetesLeaseStore):
+        return lambda: store.previous_holder
+    return lambda: None
+
+
 def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     """Relabel pods, then record the Event, on every transition."""
     from sidecar.backends.kubernetes.demotion import LeaseEvents, PodRoleLabel
@@ -83,7 +89,13 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     actions: list[Action] = []
     if config.role_label_key and config.pod_name:
         actions.append(
-            PodRoleLabel(api, pod_namespace(config), config.pod_name, config.role_label_key)
+            PodRoleLabel(
+                api,
+                pod_namespace(config),
+                config.pod_name,
+                config.role_label_key,
+                _previous_holder(store),
+            )
         )
     else:
         log(

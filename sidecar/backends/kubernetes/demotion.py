@@ -71,15 +71,25 @@ class PodRoleLabel:
 
     name = "pod-role-label"
 
-    def __init__(self, api: KubeApi, namespace: str, pod_name: str, key: str) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        pod_name: str,
+        key: str,
+        previous_holder: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.api = api
         self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
+        # Who held the lease before, as the store saw it: also known when the old leader
+        # released it first (its own "follower" label may not have made it to the API).
+        self.previous_holder = previous_holder
 
     async def __call__(self, transition: Transition) -> None:
         if transition.role is Role.LEADER:
-            previous = pod_of(transition.previous_holder)
+            previous = pod_of(transition.previous_holder or self.previous_holder())
             if previous and previous != self.pod_name:
                 await self.label(previous, "follower", missing_ok=True)
             await self.label(self.pod_name, "leader")

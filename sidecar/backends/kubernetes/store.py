@@ -91,6 +91,10 @@ class KubernetesLeaseStore:
         self._seen_version: str | None = None
         self._seen_at = 0.0
         self.uid: str | None = None
+        # The last holder seen in any observation, and who held the lease before our latest
+        # grant: the demotion actions relabel that pod, even when it released the lease first.
+        self.last_holder: str | None = None
+        self.previous_holder: str | None = None
 
     @property
     def description(self) -> str:
@@ -113,7 +117,9 @@ class KubernetesLeaseStore:
             self._seen_at = now
         self._lease = lease
         self.uid = lease.metadata.uid or self.uid
-        return self._record(lease, now)
+        record = self._record(lease, now)
+        self.last_holder = record.holder or self.last_holder
+        return record
 
     def _record(self, lease: Any, now: float) -> LeaseRecord:
         spec = lease.spec
@@ -251,11 +257,14 @@ class KubernetesLeaseStore:
     async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
         # 1. Read the Lease. Missing: create it, with a term above every term seen (rule 5).
         lease = await self._get()
+        previous = self.last_holder
         if lease is None:
             self._observe(None)
+            self.previous_holder = previous
             return await self._create(identity, duration, min_term)
         record = self._observe(lease)
         assert record is not None
+        self.previous_holder = record.holder or previous
         # 2. Someone else's and not seen unchanged for a whole lease: held (rule 2).
         if record.holder is not None and record.holder != identity and record.expires_in > 0:
             raise LeaseHeld(f"held by {record.holder}", record)
