@@ -228,6 +228,26 @@ async def test_a_renewal_conflict_is_a_conflict_while_the_lease_is_still_ours(
     assert renewed.term == granted.term
 
 
+async def test_a_renewal_conflict_that_cannot_be_read_again_is_no_reason_to_give_up(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """409, then the re-read fails: nothing is known, so Conflict (tolerated until the
+    deadline), not NotOwned (which would demote at once)."""
+    store = make_store()
+    granted = await store.try_acquire("a_1", 30, 0)
+    fake.faults = fake.faults.parse(
+        {
+            "errors": [
+                {"status": 409, "count": 1, "match": {"verbs": ["patch"]}},
+                {"status": 500, "count": 1, "match": {"verbs": ["get"]}},
+            ]
+        }
+    )
+    with pytest.raises(Conflict) as unknown:
+        await store.renew("a_1", granted.term, 30)
+    assert unknown.value.record is None
+
+
 async def test_a_renewal_after_someone_else_took_the_lease_is_not_owned(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:

@@ -318,7 +318,10 @@ class KubernetesLeaseStore:
         if error.status == 404:
             self._observe(None)
             return NotOwned(f"lease {self.namespace}/{self.name} was deleted", None)
-        fresh = await self._reread()
+        try:
+            fresh = self._observe(await self._get())
+        except StoreUnavailable:  # nothing known: not a reason to give the lease up
+            return Conflict(f"the lease was written concurrently: {error}", None)
         if fresh is None or fresh.holder != identity or fresh.term != term:
             return NotOwned(f"the lease changed hands: {error}", fresh)
         return Conflict(f"the lease was written concurrently: {error}", fresh)
