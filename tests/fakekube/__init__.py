@@ -12,9 +12,10 @@ Where it knowingly differs from the real server (each is something nothing here 
 plain HTTP/1.1 without TLS or protobuf; ``system:anonymous`` is authorized by default (kubectl
 sends no bearer token over plain HTTP; ``anonymous=False`` restores the recorded 403);
 ``managedFields`` are approximated; no admission defaults beyond the recorded Pod defaults
-(no service-account token volume); no server-side apply and no ``events.k8s.io`` API (both
-answered as unknown, never faked); LIST ignores ``resourceVersion`` and serves the current
-state; a too-old watch is decided by the fake's own history window, which ``compact()`` empties.
+(no service-account token volume); no server-side apply (a 415 that says so) and no
+``events.k8s.io`` API (a 404) — refused, never faked; LIST ignores ``resourceVersion`` and
+serves the current state; a too-old watch is decided by the fake's own history window, which
+``compact()`` empties.
 
 In-process: ``async with running() as fake`` (`server.FakeApiServer`).
 Own process: ``with fake_kube_process() as fake`` (`process.FakeKubeProcess`).
