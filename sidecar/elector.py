@@ -270,10 +270,11 @@ class Elector:
     async def _renew(self, sent: float) -> float:
         budget = min(self.timing.request_timeout, self._valid_until - sent)
         # A renewal still in flight at the half-lease mark is a growing gap too: alert on
-        # time, not when (or if) the request comes back.
+        # time, not when (or if) the request comes back. (+10 ms: asyncio may run a timer up to
+        # one clock resolution early.)
         half_mark = self._last_renewal_sent + self.timing.lease_duration / 2
         alarm = asyncio.get_running_loop().call_later(
-            max(0.0, half_mark - sent) + 0.001, lambda: self._check_growing_gap(self._clock.now())
+            max(0.0, half_mark - sent) + 0.01, lambda: self._check_growing_gap(self._clock.now())
         )
         try:
             record = await self._call(
