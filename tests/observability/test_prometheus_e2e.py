@@ -107,7 +107,7 @@ def test_a_stalled_store_raises_the_gap_alert_for_the_leader_only(stack: Stack) 
             lambda e: e.get("msg") == "renewal gap past half the lease", timeout=3 * LEASE
         )
         assert warning["still_growing"] is True
-        assert warning["gap_seconds"] > LEASE / 2
+        assert warning["gap_seconds"] >= LEASE / 2  # logged rounded to the millisecond
         assert "database is locked" in str(warning["last_error"]) or "timed out" in str(
             warning["last_error"]
         )
