@@ -31,6 +31,7 @@ from sidecar.backends.base import (
     LeaseRecord,
     LeaseStore,
     NotOwned,
+    StoreBehind,
     StoreError,
     StoreUnavailable,
 )
@@ -134,6 +135,7 @@ class Elector:
         self._last_error: str | None = None
         self._last_store_answer = float("-inf")
         self._free_seen_by_watch = False
+        self._store_reset_seen_at: float | None = None  # when a store first showed lost state
 
         self._lock = asyncio.Lock()  # one store mutation at a time
         self._wake = asyncio.Event()
@@ -286,13 +288,18 @@ class Elector:
             self._observe(lost.record)
             self._demote("lost")
             return self._follower_delay(lost.record)
-        except StoreError:
-            # Tolerated only while the deadline is ahead (rule 3): retry before it.
+        except StoreError as failed:
+            # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
+            # (another write raced ours; the store re-read a record that is still ours) is
+            # retried at once: waiting a retry period could cost the deadline for nothing.
             now = self._clock.now()
             self._check_growing_gap(now)
             if now >= self._valid_until:
                 self._demote("deadline")
                 return self._retry_delay()
+            if isinstance(failed, Conflict):
+                self._observe(failed.record)
+                return min(self._herd_jitter(), self._valid_until - now)
             return min(self._retry_delay(), self._valid_until - now)
         finally:
             alarm.cancel()
@@ -309,15 +316,23 @@ class Elector:
         if sent < self._hold_off_until:
             return self._hold_off_until - sent
         floor = self._high_water
+        reset = self._store_reset_seen_at
+        after_reset = reset is not None and sent >= reset + self.timing.lease_duration
         try:
             record = await self._call(
                 "acquire",
-                lambda: self.store.try_acquire(self.identity, self.timing.lease_duration, floor),
+                lambda: self.store.try_acquire(
+                    self.identity, self.timing.lease_duration, floor, after_reset=after_reset
+                ),
                 self.timing.request_timeout,
             )
         except LeaseHeld as held:
+            if held.record is not None and held.record.term >= floor:
+                self._store_reset_seen_at = None  # the store shows a term as new as any seen
             self._observe(held.record)
             return self._follower_delay(held.record)
+        except StoreBehind as behind:
+            return self._wait_out_store_reset(behind)
         except Conflict as lost_race:
             self._observe(lost_race.record)
             return self._herd_jitter()
@@ -335,8 +350,29 @@ class Elector:
             )
             self._observe(record)
             return self._retry_delay()
+        self._store_reset_seen_at = None
         self._become_leader(record, sent)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    def _wait_out_store_reset(self, behind: StoreBehind) -> float:
+        """The store lost state (restart without persistence, failover, deleted record): a
+        holder it no longer shows may still believe it leads, until its own deadline, at most
+        one lease away. Wait out that lease, then take the lease above every term seen."""
+        now = self._clock.now()
+        if self._store_reset_seen_at is None:
+            self._store_reset_seen_at = now
+            log(
+                logger,
+                "warning",
+                "the store lost the lease's state; waiting one lease before "
+                "taking it, so a holder it no longer shows can reach its deadline first",
+                lease=self.lease,
+                highest_term_seen=self._high_water,
+                error=str(behind),
+                wait_seconds=self.timing.lease_duration,
+            )
+        ends = self._store_reset_seen_at + self.timing.lease_duration
+        return max(0.0, ends - now) + self._herd_jitter()
 
     async def release(self, reason: str = "released", timeout: float | None = None) -> bool:
         """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
@@ -556,6 +592,9 @@ class Elector:
         except Conflict:
             outcome = "conflict"
             raise
+        except StoreBehind:
+            outcome = "behind"
+            raise
         except StoreUnavailable as exc:
             outcome = "unavailable"
             self._last_error = str(exc)
@@ -571,5 +610,5 @@ class Elector:
         finally:
             now = self._clock.now()
             self.metrics.store_request(op, outcome, now - started)
-            if outcome in ("ok", "held", "not_owned", "conflict"):
+            if outcome in ("ok", "held", "not_owned", "conflict", "behind"):
                 self._last_store_answer = now

@@ -5,6 +5,12 @@ lease record and guarantees, *at the store*, atomically:
 
 * ``try_acquire`` grants the lease only if it is free, expired, or already held by the caller,
   and sets ``term = max(stored term, min_term) + 1`` in the same write (safety rules 1 and 5).
+* ``try_acquire`` refuses, writing nothing, when the store's term is below ``min_term`` (or it
+  has no record although ``min_term > 0``): the store has lost state — restarted without
+  persistence, failed over to a replica that missed writes, or its record was deleted — so it
+  can no longer show a holder that may still believe it leads. It raises `StoreBehind`; the
+  elector waits one full lease, then asks again with ``after_reset=True``, which grants (if the
+  lease is free) with ``min_term + 1``.
 * ``renew`` and ``release`` change the record only while ``holder`` and ``term`` are still the
   caller's; otherwise they change nothing and raise `NotOwned` (rule 1).
 * Expiry is judged by the store's own rule, never by comparing the clocks of two hosts
@@ -79,6 +85,12 @@ class NotOwned(_WithRecord):
     or no record); nothing was changed. ``record`` is what was found, if known."""
 
 
+class StoreBehind(_WithRecord):
+    """``try_acquire`` found the store's term below ``min_term``: it lost state, and a holder
+    it no longer shows may still be leading. Nothing was written; ``record`` is what it holds
+    (None: nothing)."""
+
+
 class Conflict(_WithRecord):
     """A compare-and-swap lost a race with another writer (Kubernetes 409). The store re-read
     the record; ``record`` is the fresh one, if the re-read succeeded."""
@@ -97,10 +109,13 @@ class LeaseStore(Protocol):
         """The current record, or None if the store holds none."""
         ...
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         """Grant the lease to ``identity`` if it is free, expired, or already ``identity``'s,
-        with ``term = max(stored term, min_term) + 1``. Raises `LeaseHeld`, `Conflict` or
-        `StoreUnavailable`."""
+        with ``term = max(stored term, min_term) + 1``. If the stored term is below
+        ``min_term`` and not ``after_reset``, raise `StoreBehind` without writing. Raises
+        `LeaseHeld`, `StoreBehind`, `Conflict` or `StoreUnavailable`."""
         ...
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:

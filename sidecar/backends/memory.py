@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreBehind
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -79,11 +79,15 @@ class MemoryLeaseStore:
     async def read(self) -> LeaseRecord | None:
         return self.state.record()
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         state, now = self.state, self.state.clock.now()
         row = state.row
         if row is not None and row.holder not in (None, identity) and row.expires_at > now:
             raise LeaseHeld(f"held by {row.holder}", state.record())
+        if (row.term if row else 0) < min_term and not after_reset:
+            raise StoreBehind(f"the store's term is below {min_term}", state.record())
         wall = state.clock.wall()
         stored_term = row.term if row is not None else 0
         state.row = _Row(

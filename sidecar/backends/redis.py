@@ -57,6 +57,7 @@ from sidecar.backends.base import (
     LeaseHeld,
     LeaseRecord,
     NotOwned,
+    StoreBehind,
     StoreError,
     StoreUnavailable,
 )
@@ -272,20 +273,30 @@ class RedisLeaseStore:
     # Acquire.
     # KEYS[1] holder key, KEYS[2] term counter.
     # ARGV[1] identity, ARGV[2] lease in ms, ARGV[3] min_term (the caller's high-water mark),
-    # ARGV[4] wall time (for humans), ARGV[5] event channel.
+    # ARGV[4] wall time (for humans), ARGV[5] event channel, ARGV[6] '1' after a reset (grant
+    # even if the store is behind), ARGV[7] '1' if the Sentinels switched master within a lease.
     # Grants when the holder key is absent (free, released, or expired by its TTL) or holds the
     # caller's identity; the new term is max(INCR counter, min_term + 1, held term + 1), and the
     # counter is raised to it, so no later grant can reuse a term. Publishes the new value.
-    # Returns {1, new value, lease ms, term} or {0, current value, PTTL, counter}.
+    # Refuses without writing when the store is behind: its term below min_term (it lost data:
+    # a restart without persistence, a failover to a replica that missed writes) or a master
+    # switch just happened — a holder it no longer shows may still be leading.
+    # Returns {1, new value, lease ms, term}, {0, current value, PTTL, counter} when held, or
+    # {2, current value | nil, PTTL, counter} when behind.
     ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3]) + 1
+local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
 if current then
   local held = cjson.decode(current)
   if held.holder ~= ARGV[1] then
     return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
   end
   if held.term + 1 > floor then floor = held.term + 1 end
+  if held.term > stored then stored = held.term end
+end
+if (stored < tonumber(ARGV[3]) or ARGV[7] == '1') and ARGV[6] ~= '1' then
+  return {2, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 end
 local term = redis.call('INCR', KEYS[2])
 if term < floor then
@@ -387,6 +398,7 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
         self._release = self._client.register_script(self.RELEASE)
         self._read = self._client.register_script(self.READ)
         self._master_generation = 0  # bumped on every Sentinel +switch-master
+        self._switched_at: float | None = None  # monotonic time of the last switch
         self._failing: str | None = None  # the problem last logged, until a request succeeds
 
     # -- connections ----------------------------------------------------------------------
@@ -592,15 +604,30 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
 
         return await self._guarded(work)
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         wall = self._clock.wall().isoformat()
+        switched = (
+            self._switched_at is not None and self._clock.now() - self._switched_at < duration
+        )
 
         async def work() -> LeaseRecord:
             async with self._borrowed() as conn:
                 generation = self._master_generation
-                args: list[str | int] = [identity, _ms(duration), min_term, wall, self._channel]
+                args: list[str | int] = [
+                    identity, _ms(duration), min_term, wall, self._channel,
+                    "1" if after_reset else "0", "1" if switched else "0",
+                ]  # fmt: skip
                 reply = await self._acquire(keys=self._args_keys(), args=args, client=conn)
                 record = self._record(reply)
+                if int(reply[0]) == 2:
+                    why = (
+                        "the Sentinels switched master less than a lease ago"
+                        if switched
+                        else f"its term is below {min_term}: it lost data"
+                    )
+                    raise StoreBehind(f"redis {self._where()} is behind: {why}", record)
                 if not self._granted(reply):
                     holder = record.holder if record else None
                     raise LeaseHeld(f"held by {holder}", record)
@@ -749,6 +776,10 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
 
     async def _on_master_switch(self, announcement: str) -> None:
         self._master_generation += 1
+        # The new master may lack the latest grant or renewal (asynchronous replication):
+        # acquiring is refused as "behind" for one lease, so a holder the new master does not
+        # show reaches its own deadline first.
+        self._switched_at = self._clock.now()
         log(
             logger,
             "warning",

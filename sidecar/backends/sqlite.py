@@ -16,12 +16,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreUnavailable
+from sidecar.backends.base import (
+    LeaseHeld,
+    LeaseRecord,
+    NotOwned,
+    StoreBehind,
+    StoreUnavailable,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 T = TypeVar("T")
@@ -136,12 +143,30 @@ class SQLiteLeaseStore:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
-            conn.create_function("boottime", 0, self._clock.now)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(_SCHEMA)
+            try:
+                conn.create_function("boottime", 0, self._clock.now)
+                self._set_up(conn)
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the table. Switching a new file to WAL takes an exclusive lock and,
+        unlike ordinary statements, can fail at once with "database is locked" when several
+        sidecars start together on a new file: retry that within the busy timeout."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)  # on the store's own thread, never the event loop
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
@@ -193,17 +218,44 @@ class SQLiteLeaseStore:
             lambda conn: self._record(conn.execute(_READ, self._params()).fetchone())
         )
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         params = self._params(
             holder=identity,
             duration=duration,
             min_term=min_term,
             wall=self._clock.wall().isoformat(),
         )
-        written, current = await self._run(lambda conn: self._write(conn, _ACQUIRE, params))
-        if written is None:
-            raise LeaseHeld(f"held by {current.holder if current else None}", current)
-        return written
+
+        def acquire(
+            conn: sqlite3.Connection,
+        ) -> tuple[LeaseRecord | None, LeaseRecord | None, bool]:
+            # Under the write lock, the look and the write are one atomic step.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                current = self._record(conn.execute(_READ, params).fetchone())
+                held = (
+                    current is not None
+                    and current.holder not in (None, identity)
+                    and current.expires_in > 0
+                )
+                behind = (current.term if current else 0) < min_term and not after_reset
+                written = None
+                if not (behind or held):  # the statement re-checks "free or expired" itself
+                    written = self._record(conn.execute(_ACQUIRE, params).fetchone())
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return written, current, behind and not held
+
+        written, current, behind = await self._run(acquire)
+        if written is not None:
+            return written
+        if behind:
+            raise StoreBehind(f"the store's term is below {min_term}: it lost state", current)
+        raise LeaseHeld(f"held by {current.holder if current else None}", current)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
         params = self._params(

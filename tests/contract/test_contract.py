@@ -13,6 +13,7 @@ from sidecar.backends.base import (
     LeaseRecord,
     LeaseStore,
     NotOwned,
+    StoreBehind,
     StoreError,
 )
 from tests.contract.harness import StoreHarness
@@ -166,7 +167,8 @@ async def test_the_holder_acquiring_again_gets_a_new_term(harness: StoreHarness)
 async def test_the_term_never_decreases_after_the_stored_record_is_deleted(
     harness: StoreHarness,
 ) -> None:
-    """A candidate passes the highest term it has seen; a reset store cannot rewind it."""
+    """A reset store is behind the terms candidates have seen: it refuses, writing nothing,
+    until the candidate has waited a lease and says so; then it grants above every term seen."""
     a, b = harness.new_store(), harness.new_store()
     granted = None
     for _ in range(3):
@@ -175,6 +177,31 @@ async def test_the_term_never_decreases_after_the_stored_record_is_deleted(
     assert granted is not None
     await harness.reset()
     assert await b.read() is None
+    with pytest.raises(StoreBehind):
+        await b.try_acquire("b_1", LEASE, granted.term)
+    assert await b.read() is None, "a refused grant must write nothing"
+    taken = await b.try_acquire("b_1", LEASE, granted.term, after_reset=True)
+    assert taken.holder == "b_1"
+    assert taken.term == granted.term + 1
+
+
+async def test_a_held_lease_is_reported_held_even_to_a_candidate_with_a_higher_floor(
+    harness: StoreHarness,
+) -> None:
+    """'Behind' is only about a free lease: a live holder is reported as such."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await a.try_acquire("a_1", LEASE, 0)
+    with pytest.raises(LeaseHeld):
+        await b.try_acquire("b_1", LEASE, granted.term + 5)
+    with pytest.raises(LeaseHeld):
+        await b.try_acquire("b_1", LEASE, granted.term + 5, after_reset=True)
+
+
+async def test_a_floor_equal_to_the_stored_term_is_not_behind(harness: StoreHarness) -> None:
+    """The usual case: a candidate's floor is the term it last saw, which the store has."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await a.try_acquire("a_1", LEASE, 0)
+    await a.release("a_1", granted.term)
     taken = await b.try_acquire("b_1", LEASE, granted.term)
     assert taken.term == granted.term + 1
 

@@ -167,7 +167,7 @@ async def test_release_empties_the_holder_and_keeps_the_term(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
     store = make_store()
-    granted = await store.try_acquire("a_1", 2, 5)
+    granted = await store.try_acquire("a_1", 2, 5, after_reset=True)
     released = await store.release("a_1", granted.term)
     assert released is not None
     assert (released.holder, released.term, released.free) == (None, 6, True)

@@ -54,9 +54,11 @@ class FlakyStore:
         await self._gate("read")
         return await self.inner.read()
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         await self._gate("acquire")
-        return await self.inner.try_acquire(identity, duration, min_term)
+        return await self.inner.try_acquire(identity, duration, min_term, after_reset=after_reset)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
         await self._gate("renew")

@@ -66,7 +66,7 @@ async def test_a_grant_raises_the_counter_to_the_callers_high_water_mark(
     """When min_term wins over INCR, the counter is set to the new term, so the next grant by
     a caller that knows no high-water mark still goes above it."""
     store = make_store(server.url)
-    first = await store.try_acquire("a_1", 5.0, 41)
+    first = await store.try_acquire("a_1", 5.0, 41, after_reset=True)
     assert first.term == 42
     with server.client() as client:
         assert client.get(TERM) == "42"
@@ -271,7 +271,7 @@ async def test_the_watch_survives_a_server_restart_and_reports_the_state_it_find
         await asyncio.sleep(0.5)  # the watch retries against a dead server meanwhile
         server.restart()  # empty: the lease (and its term) are gone
         assert await next_matching(seen, lambda r: r is None, timeout=5) is None
-        again = await leader.try_acquire("a_1", 30.0, granted.term)
+        again = await leader.try_acquire("a_1", 30.0, granted.term, after_reset=True)
         record = await next_matching(seen, lambda r: r is not None, timeout=2)
         assert record is not None
         assert record.term == again.term == granted.term + 1

@@ -50,9 +50,11 @@ class StrictStore(MemoryLeaseStore):
         self._answer("read")
         return answer
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
         self._enter("acquire")
-        answer = await super().try_acquire(identity, duration, min_term)
+        answer = await super().try_acquire(identity, duration, min_term, after_reset=after_reset)
         self._answer("acquire")
         return answer
 

@@ -230,18 +230,50 @@ async def test_a_reset_store_cannot_rewind_the_term(world: World) -> None:
     world.clock.advance(TIMING.renew_interval)
     await a.step()  # a's renewal finds no record: lost
     assert not a.status().leader
-    world.clock.advance(0.1)
+    await b.step()  # b sees the store behind its term 4: it waits a lease
+    assert not b.status().leader
+    world.clock.advance(TIMING.lease_duration)
     await b.step()
     assert b.status().leader
     assert b.status().term == 5
+
+
+async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_stopped(
+    world: World,
+) -> None:
+    """A store that lost its record cannot show the holder, which may still lead until its
+    own deadline: candidates wait one lease from when they first see the loss."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()  # b has seen term 1
+    world.state.delete()  # e.g. Redis restarted without persistence
+    reset_seen = world.clock.now() + 0.1
+    world.clock.advance(0.1)
+    delay = await b.step()
+    assert not b.status().leader
+    assert delay >= TIMING.lease_duration
+    assert a.status().leader  # a has not renewed yet: it still leads, and b must not
+    waited_out = reset_seen + TIMING.lease_duration
+    while world.clock.now() + 0.5 < waited_out:
+        world.clock.advance(0.5)
+        await b.step()
+        assert not b.status().leader
+    world.clock.advance(waited_out - world.clock.now() + 0.1)
+    assert not a.status().leader  # a's own deadline came first
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 2
+    assert sample(b, "leader_sidecar_store_requests_total", op="acquire", outcome="behind")
 
 
 async def test_a_grant_whose_term_is_not_above_every_term_seen_is_refused(world: World) -> None:
     """A store that forgot its term (and ignores min_term) must not make us lead."""
 
     class ForgetfulStore(StrictStore):
-        async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
-            return await super().try_acquire(identity, duration, 0)
+        async def try_acquire(
+            self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        ) -> LeaseRecord:
+            return await super().try_acquire(identity, duration, 0, after_reset=True)
 
     a = world.elector("a")
     await a.step()

@@ -37,7 +37,14 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sidecar.backends.base import Conflict, LeaseHeld, LeaseRecord, NotOwned, StoreUnavailable
+from sidecar.backends.base import (
+    Conflict,
+    LeaseHeld,
+    LeaseRecord,
+    NotOwned,
+    StoreBehind,
+    StoreUnavailable,
+)
 from sidecar.backends.kubernetes.client import CallError, KubeApi, MicroTime
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
@@ -254,12 +261,17 @@ class KubernetesLeaseStore:
     async def read(self) -> LeaseRecord | None:
         return self._observe(await self._get())
 
-    async def try_acquire(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
-        # 1. Read the Lease. Missing: create it, with a term above every term seen (rule 5).
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+    ) -> LeaseRecord:
+        # 1. Read the Lease. Missing: create it, with a term above every term seen (rule 5) —
+        #    unless terms were seen before: then it was deleted, and its holder may still lead.
         lease = await self._get()
         previous = self.last_holder
         if lease is None:
             self._observe(None)
+            if min_term > 0 and not after_reset:
+                raise StoreBehind(f"lease {self.namespace}/{self.name} was deleted", None)
             self.previous_holder = previous
             return await self._create(identity, duration, min_term)
         record = self._observe(lease)
@@ -268,6 +280,12 @@ class KubernetesLeaseStore:
         # 2. Someone else's and not seen unchanged for a whole lease: held (rule 2).
         if record.holder is not None and record.holder != identity and record.expires_in > 0:
             raise LeaseHeld(f"held by {record.holder}", record)
+        # 2b. A term below one seen before: the Lease was replaced or rewound (rule 5).
+        if record.term < min_term and not after_reset:
+            raise StoreBehind(
+                f"lease {self.namespace}/{self.name} has term {record.term}, below {min_term}",
+                record,
+            )
         # 3. Free, expired by observation, or ours: take it with the next term, conditional
         #    on the resourceVersion we judged it by (rule 1).
         from kubernetes.aio import client
