@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,14 @@ from typing import Any
 import pytest
 
 from tests.fakekube import FakeKubeProcess, fake_kube_process
-from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess, observing
+from tests.support.sidecars import (
+    LeaderObserver,
+    Sample,
+    SidecarProcess,
+    by_name,
+    observing,
+    signal_leader,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,10 +73,6 @@ def three_sidecars(fake: FakeKubeProcess, tmp_path: Path) -> Iterator[list[Sidec
             proc.stop()
 
 
-def by_name(procs: list[SidecarProcess], name: str) -> SidecarProcess:
-    return next(proc for proc in procs if proc.name == name)
-
-
 async def eventually(check: Any, timeout: float = 5.0) -> Any:
     """Poll a blocking check (it talks to the fake over HTTP) until it returns truthy."""
     deadline = time.monotonic() + timeout
@@ -116,16 +120,9 @@ async def test_sigkill_of_the_leader_fails_over_within_the_lease_and_relabels_th
         async with observing(procs) as observer:
             first = await observer.leader(timeout=10)
             await eventually(lambda: role_labels(fake)[first.name] == "leader")
-            killed_at = time.time()
-            by_name(procs, first.name).kill()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= killed_at,
-                timeout=LEASE + 3,
-            )
-            assert successor.since - killed_at <= LEASE + 0.5
-            assert successor.term is not None
-            assert first.term is not None
-            assert successor.term > first.term
+            handover = await signal_leader(observer, procs, signal.SIGKILL, within=LEASE + 3)
+            assert handover.seconds <= LEASE + 0.5
+            successor = handover.successor
             labels = await eventually(
                 lambda: (
                     lambda found: (
@@ -156,17 +153,11 @@ async def test_sigterm_hands_off_well_under_a_second_through_the_watch(
         async with observing(procs) as observer:
             first = await observer.leader(timeout=10)
             await eventually(lambda: role_labels(fake)[first.name] == "leader")
-            leader = by_name(procs, first.name)
-            stopped_at = time.time()
-            leader.terminate()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= stopped_at, timeout=3
-            )
-            handoff = successor.since - stopped_at
-            assert handoff < 0.5, handoff
-            assert first.term is not None
-            assert successor.term == first.term + 1
-            assert leader.wait_exit(3.0) == 0
+            handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
+            assert handover.seconds < 0.5, handover.seconds
+            successor = handover.successor
+            assert successor.term == (first.term or 0) + 1
+            assert handover.leader.wait_exit(3.0) == 0
             await eventually(
                 lambda: (
                     role_labels(fake)[first.name] == "follower"

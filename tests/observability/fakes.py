@@ -5,28 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
 from sidecar.backends.memory import MemoryLeaseStore
+from tests.support.clock import FakeClock
 
-
-class FakeClock:
-    """``now()``/``wall()`` as the elector reads them; only ``advance`` moves time."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self._now = start
-        self._wall = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
-
-    def now(self) -> float:
-        return self._now
-
-    def wall(self) -> datetime:
-        return self._wall
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-        self._wall += timedelta(seconds=seconds)
+__all__ = ["FakeClock", "FlakyStore"]
 
 
 class FlakyStore:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.sidecars import LeaderObserver, SidecarProcess, observing, sidecars
+from tests.support.sidecars import (
+    LeaderObserver,
+    SidecarProcess,
+    by_name,
+    observing,
+    sidecars,
+    signal_leader,
+)
 from tests.support.tools import find_binary
 
 pytestmark = pytest.mark.slow
@@ -28,30 +36,20 @@ def libfaketime() -> str | None:
     return next((str(path) for path in candidates), None)
 
 
-def by_name(procs: list[SidecarProcess], name: str) -> SidecarProcess:
-    return next(p for p in procs if p.name == name)
-
-
 async def test_sigkill_of_the_leader_fails_over_to_a_higher_term_within_the_lease(
     tmp_path: Path,
 ) -> None:
     """The dead leader's lease expires; a follower takes it with the next term."""
     with sidecars(["a", "b", "c"], store_url(tmp_path)) as procs:
         async with observing(procs) as observer:
-            first = await observer.leader()
-            killed_at = time.time()
-            by_name(procs, first.name).kill()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= killed_at,
-                timeout=LEASE + RETRY + 0.5 + 2.0,
+            handover = await signal_leader(
+                observer, procs, signal.SIGKILL, within=LEASE + RETRY + 0.5 + 2.0
             )
-            assert successor.term is not None
-            assert first.term is not None
-            assert successor.term > first.term
-            assert successor.since - killed_at <= LEASE + RETRY + 0.5
+            assert handover.seconds <= LEASE + RETRY + 0.5
             # Everyone else now agrees on the holder and term.
+            successor = handover.successor
             for proc in procs:
-                if proc.name not in (first.name, successor.name):
+                if proc.name not in (handover.before.name, successor.name):
                     follower = await observer.wait_for(
                         lambda s, n=proc.name: (
                             s.name == n
@@ -68,21 +66,13 @@ async def test_sigterm_of_the_leader_hands_off_within_a_second(tmp_path: Path) -
     """Release on shutdown: a follower leads within one second, not one lease; exit 0."""
     with sidecars(["a", "b", "c"], store_url(tmp_path)) as procs:
         async with observing(procs) as observer:
-            first = await observer.leader()
-            leader = by_name(procs, first.name)
-            stopped_at = time.time()
-            leader.terminate()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= stopped_at, timeout=3
-            )
-            assert successor.since - stopped_at < 1.0
-            assert successor.term is not None
-            assert first.term is not None
-            assert successor.term == first.term + 1
-            assert leader.wait_exit(2.0) == 0
-            exited_at = time.time()
-            assert exited_at - stopped_at < 2.5
-            assert any(e.get("msg") == "stopped" and e.get("released") for e in leader.logs)
+            handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
+            assert handover.seconds < 1.0
+            assert handover.successor.term == (handover.before.term or 0) + 1
+            assert handover.leader.wait_exit(2.0) == 0
+            assert time.time() - handover.began < 2.5
+            logs = handover.leader.logs
+            assert any(e.get("msg") == "stopped" and e.get("released") for e in logs)
 
 
 async def test_a_paused_leader_answers_503_first_thing_after_resuming(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from tests.support.sidecars import (
     LeaderObserver,
     Sample,
     SidecarProcess,
+    by_name,
     observing,
     sidecars,
+    signal_leader,
 )
 
 pytestmark = pytest.mark.slow
@@ -28,10 +31,6 @@ LEASE = 1.0
 RENEW = LEASE / 3
 RETRY = min(2.0, RENEW)  # the default retry period for this lease
 HOLDER, TERM, _CHANNEL = lease_keys("default")
-
-
-def by_name(procs: list[SidecarProcess], name: str) -> SidecarProcess:
-    return next(p for p in procs if p.name == name)
 
 
 async def metric(proc: SidecarProcess, name: str, **labels: str) -> float:
@@ -92,19 +91,13 @@ async def test_sigkill_of_the_leader_fails_over_to_a_higher_term_within_the_leas
     takes it with the next term."""
     with sidecars(["a", "b", "c"], server.url) as procs:
         async with observing(procs) as observer:
-            first = await observer.leader()
-            killed_at = time.time()
-            by_name(procs, first.name).kill()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= killed_at,
-                timeout=LEASE + RETRY + 0.5 + 2.0,
+            handover = await signal_leader(
+                observer, procs, signal.SIGKILL, within=LEASE + RETRY + 0.5 + 2.0
             )
-            assert successor.term is not None
-            assert first.term is not None
-            assert successor.term > first.term
-            assert successor.since - killed_at <= LEASE + RETRY + 0.5
+            assert handover.seconds <= LEASE + RETRY + 0.5
             with server.client() as client:
-                assert json.loads(client.get(HOLDER))["holder"] == successor.identity
+                holder = json.loads(client.get(HOLDER))["holder"]
+            assert holder == handover.successor.identity
 
 
 async def test_sigterm_of_the_leader_hands_off_in_a_fraction_of_a_second(
@@ -114,19 +107,12 @@ async def test_sigterm_of_the_leader_hands_off_in_a_fraction_of_a_second(
     with the next term within a few round trips, not after a lease."""
     with sidecars(["a", "b", "c"], server.url) as procs:
         async with observing(procs) as observer:
-            first = await observer.leader()
-            leader = by_name(procs, first.name)
-            stopped_at = time.time()
-            leader.terminate()
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.name != first.name and s.sent >= stopped_at, timeout=3
-            )
-            assert successor.since - stopped_at < 0.5
-            assert successor.term is not None
-            assert first.term is not None
-            assert successor.term == first.term + 1
-            assert leader.wait_exit(2.0) == 0
-            assert any(e.get("msg") == "stopped" and e.get("released") for e in leader.logs)
+            handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
+            assert handover.seconds < 0.5
+            assert handover.successor.term == (handover.before.term or 0) + 1
+            assert handover.leader.wait_exit(2.0) == 0
+            logs = handover.leader.logs
+            assert any(e.get("msg") == "stopped" and e.get("released") for e in logs)
 
 
 async def test_a_stalled_server_demotes_the_leader_before_its_key_could_expire(

@@ -308,3 +308,43 @@ async def observing(sidecars: Sequence[SidecarProcess]) -> AsyncIterator[LeaderO
     async with LeaderObserver(sidecars) as observer:
         yield observer
         observer.assert_never_two_leaders()
+
+
+def by_name(procs: Sequence[SidecarProcess], name: str) -> SidecarProcess:
+    return next(proc for proc in procs if proc.name == name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """The leader was signalled at ``began`` (wall clock); ``successor`` is the first 200
+    from another replica for a request sent after that."""
+
+    before: Sample
+    successor: Sample
+    began: float
+    leader: SidecarProcess
+
+    @property
+    def seconds(self) -> float:
+        """From the signal to the moment the successor's reign began."""
+        return self.successor.since - self.began
+
+
+async def signal_leader(
+    observer: LeaderObserver, procs: Sequence[SidecarProcess], signum: int, within: float
+) -> Handover:
+    """Signal the current leader (SIGKILL: crash; SIGTERM: shutdown with release) and wait
+    up to ``within`` seconds for another replica to lead under a higher term."""
+    before = await observer.leader()
+    leader = by_name(procs, before.name)
+    began = time.time()
+    leader.signal(signum)
+    if signum == signal.SIGKILL:
+        leader.proc.wait(5)
+    successor = await observer.wait_for(
+        lambda s: s.leader and s.name != before.name and s.sent >= began, timeout=within
+    )
+    assert successor.term is not None
+    assert before.term is not None
+    assert successor.term > before.term
+    return Handover(before, successor, began, leader)
