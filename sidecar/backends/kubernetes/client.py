@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from sidecar.logs import log
 
@@ -37,44 +37,28 @@ RBAC_FIX = (
 
 
 class MicroTime(datetime):
-    """A UTC time that serialises as metav1.MicroTime: ``2026-11-29T10:00:00.000000Z``."""
+    """A UTC time that serialises as metav1.MicroTime: ``2026-11-29T10:00:00.000000Z``
+    (exactly six digits: the API server answers 400 to anything else)."""
+
+    FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
     def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return self.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return self.astimezone(UTC).strftime(self.FORMAT)
 
     @classmethod
-    def at(cls, moment: datetime) -> MicroTime:
+    def at(cls, moment: datetime) -> Self:
         moment = moment.astimezone(UTC)
-        return cls(
-            moment.year,
-            moment.month,
-            moment.day,
-            moment.hour,
-            moment.minute,
-            moment.second,
-            moment.microsecond,
-            tzinfo=UTC,
-        )
+        return cls.combine(moment.date(), moment.time(), tzinfo=UTC)
 
 
-class Time(datetime):
+class Time(MicroTime):
     """A UTC time that serialises as metav1.Time: second precision, ``Z``."""
 
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return self.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
     @classmethod
-    def at(cls, moment: datetime) -> Time:
-        moment = moment.astimezone(UTC)
-        return cls(
-            moment.year,
-            moment.month,
-            moment.day,
-            moment.hour,
-            moment.minute,
-            moment.second,
-            tzinfo=UTC,
-        )
+    def at(cls, moment: datetime) -> Self:
+        return super().at(moment).replace(microsecond=0)
 
 
 class CallError(Exception):
