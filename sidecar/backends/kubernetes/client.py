@@ -32,7 +32,7 @@ USER_AGENT = "leader-sidecar"
 
 RBAC_FIX = (
     "grant the sidecar's service account a Role with leases get/list/watch/create/update/patch, "
-    "pods get/patch and events create/patch in this namespace (see README, 'RBAC')"
+    "pods patch and events create in this namespace (see README, 'RBAC')"
 )
 
 
