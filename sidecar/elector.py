@@ -136,6 +136,7 @@ class Elector:
         self._last_store_answer = float("-inf")
         self._free_seen_by_watch = False
         self._store_reset_seen_at: float | None = None  # when a store first showed lost state
+        self._last_other_holder: str | None = None  # the last holder seen that was not us
 
         self._lock = asyncio.Lock()  # one store mutation at a time
         self._wake = asyncio.Event()
@@ -409,7 +410,7 @@ class Elector:
     # -- state changes ------------------------------------------------------------------
 
     def _become_leader(self, record: LeaseRecord, sent: float) -> None:
-        previous = self._observed.holder if self._observed else None
+        previous = self._last_other_holder
         self._role = Role.LEADER
         self._term = record.term
         self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
@@ -466,6 +467,8 @@ class Elector:
             if self._observed is not None and record.term < self._observed.term:
                 return  # an older observation arriving late
             self._high_water = max(self._high_water, record.term)
+            if record.holder not in (None, self.identity):
+                self._last_other_holder = record.holder
         self._observed = record
         self.metrics.term.set(self._term if self._role is Role.LEADER else self._high_water)
         self._publish()

@@ -437,3 +437,19 @@ async def test_a_renewal_hanging_past_half_the_lease_alerts_while_still_in_fligh
     assert len(alerts) == 1
     await renewing
     assert len(alerts) == 1
+
+
+async def test_the_new_leader_names_the_previous_holder_even_after_a_release(
+    world: World,
+) -> None:
+    """The demotion actions relabel the previous holder's pod: it must be named even when the
+    last record seen was the released (holder-less) one."""
+    a, b = world.elector("a"), world.elector("b")
+    heard: list[Transition] = []
+    b.on_transition(heard.append)
+    await a.step()
+    await b.step()
+    b.on_watch(await a.store.release("a_0000", 1))
+    await b.step()
+    assert b.status().leader
+    assert heard[-1].previous_holder == "a_0000"
