@@ -21,6 +21,7 @@ from sidecar.logs import log
 
 if TYPE_CHECKING:
     from sidecar.backends.base import LeaseStore
+    from sidecar.backends.kubernetes.demotion import LeaseEvents
     from sidecar.config import Config
     from sidecar.demotion import Action
     from sidecar.elector import GapAlert
@@ -82,7 +83,7 @@ def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
 
 def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     """Relabel pods, then record the Event, on every transition."""
-    from sidecar.backends.kubernetes.demotion import LeaseEvents, PodRoleLabel
+    from sidecar.backends.kubernetes.demotion import PodRoleLabel
 
     warm_up(core=True)
     api, lease_uid = _api_of(config, store)
@@ -105,26 +106,19 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
             why="--role-label-key is empty" if not config.role_label_key else "POD_NAME is not set",
             hint="set POD_NAME from the downward API (fieldRef: metadata.name)",
         )
-    actions.append(
-        LeaseEvents(
-            api,
-            config.namespace,
-            config.lease,
-            config.identity,
-            config.pod_name,
-            lease_uid,
-            pod_namespace=pod_namespace(config),
-        )
-    )
+    actions.append(_lease_events(config, api, lease_uid))
     return actions
 
 
 def gap_alert_listener(config: Config, store: LeaseStore) -> Callable[[GapAlert], Awaitable[None]]:
     """A Warning Event for each renewal gap past half the lease."""
+    return _lease_events(config, *_api_of(config, store)).gap
+
+
+def _lease_events(config: Config, api: KubeApi, lease_uid: Callable[[], str | None]) -> LeaseEvents:
     from sidecar.backends.kubernetes.demotion import LeaseEvents
 
-    api, lease_uid = _api_of(config, store)
-    events = LeaseEvents(
+    return LeaseEvents(
         api,
         config.namespace,
         config.lease,
@@ -133,4 +127,3 @@ def gap_alert_listener(config: Config, store: LeaseStore) -> Callable[[GapAlert]
         lease_uid,
         pod_namespace=pod_namespace(config),
     )
-    return events.gap
