@@ -5,7 +5,6 @@ matching rules asked the questions the API server would ask."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Any
 
@@ -13,41 +12,12 @@ import pytest
 
 from tests.chart.helm import Helm, Manifest, find, one
 from tests.chart.switches import SWITCHES
+from tests.support.rbac import Request, allowed
 
 LEASES = ("coordination.k8s.io", "leases")
 PODS = ("", "pods")
 EVENTS = ("", "events")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """What the authorizer sees. For list/watch with ``fieldSelector=metadata.name=X`` the API
-    server puts X in ``name`` (that is how resourceNames can limit list and watch); for create
-    the name is never known."""
-
-    verb: str
-    group: str
-    resource: str
-    namespace: str
-    name: str = ""
-
-
-def allowed(roles: list[Manifest], request: Request) -> bool:
-    """RBAC: a request is allowed when any rule of a Role in its namespace matches it."""
-    for role in roles:
-        if role["metadata"]["namespace"] != request.namespace:
-            continue
-        for rule in role["rules"]:
-            names = rule.get("resourceNames") or []
-            if (
-                request.group in rule["apiGroups"]
-                and request.resource in rule["resources"]
-                and request.verb in rule["verbs"]
-                and (not names or (request.name and request.name in names))
-            ):
-                return True
-    return False
 
 
 def rbac(helm: Helm, switch: str) -> tuple[list[Manifest], list[Manifest]]:

@@ -17,6 +17,10 @@ sends no bearer token over plain HTTP; ``anonymous=False`` restores the recorded
 serves the current state; a too-old watch is decided by the fake's own history window, which
 ``compact()`` empties.
 
+RBAC is off unless asked for (``authz.py``): given Roles, RoleBindings and a token table
+(``FakeApiServer(authorizer=...)`` or ``PUT /_fake/rbac``), it authenticates and authorizes
+every resource request as kube-apiserver's RBAC does and answers the recorded 403.
+
 In-process: ``async with running() as fake`` (`server.FakeApiServer`).
 Own process: ``with fake_kube_process() as fake`` (`process.FakeKubeProcess`).
 """

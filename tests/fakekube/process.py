@@ -83,6 +83,19 @@ class FakeKubeClient:
     def clear_faults(self) -> Any:
         return self.control("DELETE", "/_fake/faults")
 
+    def set_rbac(
+        self, objects: list[dict[str, Any]], users: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Enforce RBAC (see ``authz``): ``objects`` are Roles and RoleBindings, ``users`` maps
+        bearer tokens to ``{"name": ..., "groups": [...]}``. This client's own token becomes
+        an admin (``system:masters``) unless ``users`` names it, so the test can still set up
+        and inspect the cluster."""
+        table = {self.token: {"name": "fake-admin", "groups": ["system:masters"]}, **users}
+        return dict(self.control("PUT", "/_fake/rbac", {"objects": objects, "users": table}))
+
+    def clear_rbac(self) -> dict[str, Any]:
+        return dict(self.control("DELETE", "/_fake/rbac"))
+
     def drop_watches(self) -> int:
         return int(self.control("POST", "/_fake/drop-watches")["dropped"])
 

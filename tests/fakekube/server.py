@@ -30,6 +30,7 @@ import yaml
 from aiohttp import web
 
 from tests.fakekube import discovery, wire
+from tests.fakekube.authz import Authorizer, request_info
 from tests.fakekube.faults import Faults
 from tests.fakekube.kinds import (
     KINDS,
@@ -43,6 +44,7 @@ from tests.fakekube.kinds import (
 from tests.fakekube.patch import json_patch, merge_patch, strategic_merge_patch
 from tests.fakekube.state import Change, Cluster, TooOld
 from tests.fakekube.wire import LEASES, NAMESPACES, PODS, ApiError, JsonObj
+from tests.support.rbac import User
 
 _COMMON_HEADERS = {
     "Cache-Control": "no-cache, private",
@@ -106,6 +108,7 @@ class FakeApiServer:
         user: str = "system:serviceaccount:default:leader-sidecar",
         tokens: set[str] | None = None,
         anonymous: bool = True,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.cluster = cluster or Cluster()
         self.faults = Faults()
@@ -115,6 +118,9 @@ class FakeApiServer:
         # fake authorizes system:anonymous as a cluster with such a RoleBinding would. With
         # anonymous=False it answers 403 as the recorded server does (rbac.json no-token).
         self.anonymous = anonymous
+        # RBAC (authz.py): with an Authorizer, tokens name users and Roles decide; user,
+        # tokens and anonymous above then play no part.
+        self.authorizer = authorizer
         self.requests: list[dict[str, Any]] = []
         self.server_address = "127.0.0.1:0"
         self._watches: set[_Watch] = set()
@@ -211,12 +217,13 @@ class FakeApiServer:
             "content_type": request.headers.get("Content-Type"),
             "accept": request.headers.get("Accept"),
             "user_agent": request.headers.get("User-Agent"),
+            "user": None,  # once authenticated
             "status": None,
         }
         self.requests.append(entry)
         del self.requests[:-20000]
         try:
-            response = await self._serve(request, route, verb)
+            response = await self._serve(request, route, verb, entry)
         except ApiError as error:
             response = self._status_response(request, error)
         entry["status"] = response.status
@@ -224,7 +231,7 @@ class FakeApiServer:
         return response
 
     async def _serve(
-        self, request: web.Request, route: Route | None, verb: str
+        self, request: web.Request, route: Route | None, verb: str, entry: dict[str, Any]
     ) -> web.StreamResponse:
         resource = route.resource[1] if route else ""
         name = (route.name or "") if route else ""
@@ -239,24 +246,63 @@ class FakeApiServer:
         if delay:
             await asyncio.sleep(delay)
         user = self._authenticate(request)
+        entry["user"] = user.name
+        if self.authorizer is not None:
+            self._authorize(request, user, entry)
         if route is None:
             return await self._serve_other(request)
-        anonymous_refused = user == "system:anonymous" and not self.anonymous
+        anonymous_refused = (
+            self.authorizer is None and user.name == "system:anonymous" and not self.anonymous
+        )
         if anonymous_refused or self.faults.forbidden(verb, resource, name):
-            raise wire.forbidden(route.resource, name, user, verb, route.namespace)
+            raise wire.forbidden(route.resource, name, user.name, verb, route.namespace)
         injected = self.faults.error_for(verb, resource, name)
         if injected is not None:
             raise self._injected(injected, route)
         return await self._serve_resource(request, route, verb)
 
-    def _authenticate(self, request: web.Request) -> str:
+    def _authenticate(self, request: web.Request) -> User:
         header = request.headers.get("Authorization", "")
         if not header:
-            return "system:anonymous"
+            return User.anonymous()
         token = header.partition(" ")[2].strip()
+        unauthorized = ApiError(401, wire.status(401, "Unauthorized", "Unauthorized"))
+        if self.authorizer is not None:
+            user = self.authorizer.authenticate(token)
+            if user is None:
+                raise unauthorized
+            return user
         if self.tokens is not None and token not in self.tokens:
-            raise ApiError(401, wire.status(401, "Unauthorized", "Unauthorized"))
-        return self.user
+            raise unauthorized
+        return User.authenticated(self.user)
+
+    def _authorize(self, request: web.Request, user: User, entry: dict[str, Any]) -> None:
+        """RBAC, before anything is looked up (so a missing object is a 403 too). Logs what
+        RBAC saw and decided in the request log entry."""
+        assert self.authorizer is not None
+        attributes = request_info(request.method, request.path, request.query)
+        if attributes is None:
+            return  # discovery, /version, /healthz, /openapi: open to everyone
+        decision = self.authorizer.authorize(user, attributes)
+        entry["rbac"] = {
+            "verb": attributes.verb,
+            "group": attributes.group,
+            "resource": attributes.combined_resource,
+            "namespace": attributes.namespace,
+            "name": attributes.name,
+            "allowed": decision.allowed,
+            "reason": decision.reason,
+        }
+        if not decision.allowed:
+            raise wire.forbidden(
+                (attributes.group, attributes.resource, ""),
+                attributes.name,
+                user.name,
+                attributes.verb,
+                attributes.namespace or None,
+                subresource=attributes.subresource,
+                reason=decision.reason,
+            )
 
     def _injected(self, code: int, route: Route) -> ApiError:
         if code == 409:
@@ -1008,6 +1054,9 @@ class FakeApiServer:
             web.get("/_fake/faults", self._get_faults),
             web.put("/_fake/faults", self._put_faults),
             web.delete("/_fake/faults", self._clear_faults),
+            web.get("/_fake/rbac", self._get_rbac),
+            web.put("/_fake/rbac", self._put_rbac),
+            web.delete("/_fake/rbac", self._clear_rbac),
             web.post("/_fake/drop-watches", self._drop_watches),
             web.post("/_fake/partition", self._partition),
             web.post("/_fake/heal", self._heal),
@@ -1033,6 +1082,23 @@ class FakeApiServer:
     async def _clear_faults(self, request: web.Request) -> web.Response:
         self.faults = Faults()
         return web.json_response(self.faults.describe())
+
+    def _describe_rbac(self) -> dict[str, Any]:
+        return self.authorizer.describe() if self.authorizer else {"enabled": False}
+
+    async def _get_rbac(self, request: web.Request) -> web.Response:
+        return web.json_response(self._describe_rbac())
+
+    async def _put_rbac(self, request: web.Request) -> web.Response:
+        try:
+            self.authorizer = Authorizer.parse(await request.json())
+        except (ValueError, TypeError, KeyError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(self._describe_rbac())
+
+    async def _clear_rbac(self, request: web.Request) -> web.Response:
+        self.authorizer = None
+        return web.json_response(self._describe_rbac())
 
     async def _drop_watches(self, request: web.Request) -> web.Response:
         return web.json_response({"dropped": self.drop_watches()})

@@ -198,11 +198,22 @@ def not_acceptable() -> ApiError:
 
 
 def forbidden(
-    resource: tuple[str, str, str], name: str, user: str, verb: str, namespace: str | None
+    resource: tuple[str, str, str],
+    name: str,
+    user: str,
+    verb: str,
+    namespace: str | None,
+    *,
+    subresource: str = "",
+    reason: str = "",
 ) -> ApiError:
+    """RBAC's refusal. A subresource is named ``pods/status`` in the message but the details
+    keep the resource; the authorizer's ``reason`` (e.g. a binding's missing Role) is
+    appended after a colon."""
     group, plural, _ = resource
     subject = f'{_resource_ref(resource)} "{name}"' if name else _resource_ref(resource)
     scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    what = f"{plural}/{subresource}" if subresource else plural
     details: JsonObj = {}
     if name:
         details["name"] = name
@@ -214,8 +225,8 @@ def forbidden(
         status(
             403,
             "Forbidden",
-            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{plural}" '
-            f'in API group "{group}" {scope}',
+            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{what}" '
+            f'in API group "{group}" {scope}' + (f": {reason}" if reason else ""),
             details,
         ),
         {"X-Content-Type-Options": "nosniff"},
