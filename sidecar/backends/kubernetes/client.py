@@ -31,8 +31,9 @@ SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/toke
 USER_AGENT = "leader-sidecar"
 
 RBAC_FIX = (
-    "grant the sidecar's service account a Role with leases get/list/watch/create/update/patch, "
-    "pods patch and events create in this namespace (see README, 'RBAC')"
+    "grant the sidecar's service account a Role with leases get/list/watch/create/update/patch "
+    "and events create in the Lease's namespace, and pods patch in the pods' namespace "
+    "(see README, 'RBAC'; the Helm chart renders exactly this)"
 )
 
 
