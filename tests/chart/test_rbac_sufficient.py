@@ -14,9 +14,8 @@ import dataclasses
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ from tests.chart.helm import Helm, Manifest, find, one, pod_spec, sidecar
 from tests.chart.switches import SWITCHES
 from tests.fakekube import FakeKubeProcess, fake_kube_process, kubeconfig
 from tests.support.sidecars import SidecarProcess, by_name, observing, signal_leader
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -138,17 +138,6 @@ def three_sidecars(
     finally:
         for proc in procs:
             proc.stop()
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Poll a blocking check (it talks to the fake over HTTP) until it returns truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await asyncio.to_thread(check)
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def role_labels(fake: FakeKubeProcess, chart: Rendered) -> dict[str, str | None]:

@@ -1167,22 +1167,23 @@ def _accepts(request: web.Request) -> list[tuple[str, dict[str, str]]]:
     return ranges
 
 
-def _wants_table(request: web.Request) -> bool:
+def _wants_as(request: web.Request, kind: str, group: str, versions: tuple[str, ...]) -> bool:
+    """Whether the client's first acceptable JSON form is ``application/json;as=<kind>``
+    (a Table, an aggregated discovery list) rather than the plain object."""
     for media, params in _accepts(request):
-        if media == "application/json" and params.get("as") == "Table":
-            return params.get("g") == "meta.k8s.io" and params.get("v") in ("v1", "v1beta1")
+        if media == "application/json" and params.get("as") == kind:
+            return params.get("g") == group and params.get("v") in versions
         if media in ("application/json", "*/*", "application/*"):
             return False
     return False
+
+
+def _wants_table(request: web.Request) -> bool:
+    return _wants_as(request, "Table", "meta.k8s.io", ("v1", "v1beta1"))
 
 
 def _wants_aggregated(request: web.Request) -> bool:
-    for media, params in _accepts(request):
-        if media == "application/json" and params.get("as") == "APIGroupDiscoveryList":
-            return params.get("g") == "apidiscovery.k8s.io" and params.get("v") in ("v2", "v2beta1")
-        if media in ("application/json", "*/*", "application/*"):
-            return False
-    return False
+    return _wants_as(request, "APIGroupDiscoveryList", "apidiscovery.k8s.io", ("v2", "v2beta1"))
 
 
 def _wants_yaml(accept: list[tuple[str, dict[str, str]]]) -> bool:

@@ -24,6 +24,7 @@ from tests.support.sidecars import (
     observing,
     signal_leader,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +72,6 @@ def three_sidecars(fake: FakeKubeProcess, tmp_path: Path) -> Iterator[list[Sidec
     finally:
         for proc in procs:
             proc.stop()
-
-
-async def eventually(check: Any, timeout: float = 5.0) -> Any:
-    """Poll a blocking check (it talks to the fake over HTTP) until it returns truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await asyncio.to_thread(check)
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def role_labels(fake: FakeKubeProcess) -> dict[str, str | None]:
