@@ -10,6 +10,13 @@
   body, as a lost compare-and-swap race would); ``count`` limits how many (absent: forever),
   ``every`` answers only every n-th matching request.
 * ``forbid``: answer 403 Forbidden with the RBAC message, as a missing Role rule would.
+* ``freeze``: hold every matching request (``freeze_match``) until the faults are changed,
+  then serve the held ones in arrival order: an API server whose storage stalled and came
+  back. A client that gave up meanwhile still has its write applied on resume.
+* ``late``: ``[{"delay": 1.5, "count": 1, "match": {"verbs": ["update"]}}]`` serves a
+  matching request only ``delay`` seconds after it arrived, whether or not the client is
+  still waiting: a write the client gave up on (its timeout) is applied after it gave up.
+  ``count`` limits how many requests are held (absent: all).
 
 A match has optional ``verbs`` (get, list, watch, create, update, patch, delete),
 ``resources`` (leases, pods, events, …) and ``names``; absent means any.
@@ -67,15 +74,36 @@ class ErrorRule:
 
 
 @dataclasses.dataclass
+class LateRule:
+    delay: float
+    match: Match
+    count: int | None = None  # remaining; None = forever
+    held: int = 0
+
+    def take(self, verb: str, resource: str, name: str) -> bool:
+        if self.count is not None and self.count <= 0:
+            return False
+        if not self.match.matches(verb, resource, name):
+            return False
+        if self.count is not None:
+            self.count -= 1
+        self.held += 1
+        return True
+
+
+@dataclasses.dataclass
 class Faults:
     latency: float = 0.0
     latency_match: Match = dataclasses.field(default_factory=Match)
     errors: list[ErrorRule] = dataclasses.field(default_factory=list)
     forbid: list[Match] = dataclasses.field(default_factory=list)
+    freeze: bool = False
+    freeze_match: Match = dataclasses.field(default_factory=Match)
+    late: list[LateRule] = dataclasses.field(default_factory=list)
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Faults:
-        allowed = {"latency", "latency_match", "errors", "forbid"}
+        allowed = {"latency", "latency_match", "errors", "forbid", "freeze", "freeze_match", "late"}
         unknown = set(raw) - allowed
         if unknown:
             raise ValueError(f"unknown fault settings {sorted(unknown)}; allowed {sorted(allowed)}")
@@ -96,11 +124,31 @@ class Faults:
             latency_match=Match.parse(raw.get("latency_match")),
             errors=errors,
             forbid=[Match.parse(item) for item in raw.get("forbid", [])],
+            freeze=bool(raw.get("freeze", False)),
+            freeze_match=Match.parse(raw.get("freeze_match")),
+            late=[
+                LateRule(
+                    delay=float(rule["delay"]),
+                    match=Match.parse(rule.get("match")),
+                    count=rule.get("count"),
+                )
+                for rule in raw.get("late", [])
+            ],
         )
 
     def delay_for(self, verb: str, resource: str, name: str) -> float:
         if self.latency > 0 and self.latency_match.matches(verb, resource, name):
             return self.latency
+        return 0.0
+
+    def frozen(self, verb: str, resource: str, name: str) -> bool:
+        return self.freeze and self.freeze_match.matches(verb, resource, name)
+
+    def late_for(self, verb: str, resource: str, name: str) -> float:
+        """Seconds to hold this request before serving it (0: serve now)."""
+        for rule in self.late:
+            if rule.take(verb, resource, name):
+                return rule.delay
         return 0.0
 
     def error_for(self, verb: str, resource: str, name: str) -> int | None:
@@ -120,4 +168,9 @@ class Faults:
                 for rule in self.errors
             ],
             "forbid": len(self.forbid),
+            "freeze": self.freeze,
+            "late": [
+                {"delay": rule.delay, "remaining": rule.count, "held": rule.held}
+                for rule in self.late
+            ],
         }

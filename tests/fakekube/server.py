@@ -62,6 +62,7 @@ _PATCH_TYPES = (
 )
 _BOOKMARK_LEAD = 1.5  # a bookmark arrives this long before timeoutSeconds runs out
 _BOOKMARK_EVERY = 60.0
+_FREEZE_POLL = 0.005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,8 @@ class FakeApiServer:
         self.port = 0
         self.control_port = 0
         self.partitioned = False
+        self._held: list[int] = []  # tickets of requests held by a freeze, oldest first
+        self._next_ticket = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -245,6 +248,21 @@ class FakeApiServer:
         delay = self.faults.delay_for(verb, resource, name)
         if delay:
             await asyncio.sleep(delay)
+        # A frozen server holds the request until the faults change (they are replaced
+        # wholesale, also by direct assignment in-process, hence a short poll rather than an
+        # event); the held requests then proceed in arrival order. aiohttp does not cancel a
+        # handler whose client went away, so a held write is applied even after the client
+        # gave up, as a real server does.
+        late = 0.0
+        if self.faults.frozen(verb, resource, name) or (
+            late := self.faults.late_for(verb, resource, name)
+        ):
+            await request.read()  # the server has the body before it stalls (cached)
+        if self.faults.frozen(verb, resource, name):
+            await self._hold_while_frozen(verb, resource, name)
+        if late:
+            entry["late"] = late
+            await asyncio.sleep(late)
         user = self._authenticate(request)
         entry["user"] = user.name
         if self.authorizer is not None:
@@ -260,6 +278,18 @@ class FakeApiServer:
         if injected is not None:
             raise self._injected(injected, route)
         return await self._serve_resource(request, route, verb)
+
+    async def _hold_while_frozen(self, verb: str, resource: str, name: str) -> None:
+        """Wait until the freeze is lifted, then go in arrival order: the oldest held request
+        first (a ticket queue; a request whose handler is cancelled leaves it)."""
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._held.append(ticket)
+        try:
+            while self.faults.frozen(verb, resource, name) or self._held[0] != ticket:  # noqa: ASYNC110
+                await asyncio.sleep(_FREEZE_POLL)
+        finally:
+            self._held.remove(ticket)
 
     def _authenticate(self, request: web.Request) -> User:
         header = request.headers.get("Authorization", "")
