@@ -1,0 +1,109 @@
+"""N replica slots around one store: in each, a real sidecar process (replaced when the
+schedule kills or stops it), its wall-clock shift, and the fenced writer beside it; one
+`LeaderObserver` polls every process's ``/leader`` for the whole run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.chaos.clock import ClockShift
+from tests.chaos.fence import FencedWriter
+from tests.chaos.stores import StoreHarness
+from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess
+
+OBSERVER_INTERVAL = 0.01  # seconds between two polls of one sidecar
+
+
+@dataclasses.dataclass
+class Slot:
+    name: str
+    clock: ClockShift
+    procs: list[SidecarProcess] = dataclasses.field(default_factory=list)
+    # Processes the schedule ended on purpose (SIGKILL, SIGTERM): their exit is no failure.
+    ended_on_purpose: set[int] = dataclasses.field(default_factory=set)
+
+    @property
+    def proc(self) -> SidecarProcess:
+        return self.procs[-1]
+
+    def url(self) -> str:
+        return self.proc.leader_url
+
+
+class Cluster:
+    def __init__(
+        self, store: StoreHarness, size: int, lease: float, directory: Path, shim: Path
+    ) -> None:
+        self.store = store
+        self.lease = lease
+        self.directory = directory
+        self.shim = shim
+        self.slots = [
+            Slot(f"s{index}", ClockShift(shim, directory / f"clock-s{index}"))
+            for index in range(size)
+        ]
+        self.observer = LeaderObserver([], interval=OBSERVER_INTERVAL)
+        self.writers: list[FencedWriter] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        await self.store.start(self.directory, self.shim, [slot.name for slot in self.slots])
+        await self.observer.__aenter__()
+        # Start the replicas together, as a rollout does.
+        await asyncio.gather(*(self.launch(slot) for slot in self.slots))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=5)
+        )
+        for slot in self.slots:
+            writer = FencedWriter(slot.name, slot.url, self.store.fence)
+            writer.start(self._session)
+            self.writers.append(writer)
+
+    async def launch(self, slot: Slot) -> SidecarProcess:
+        """A new sidecar process in ``slot`` (a new identity), watched from now on."""
+        store, args = self.store.sidecar_store(slot.name)
+        proc = await asyncio.to_thread(
+            SidecarProcess.start,
+            slot.name,
+            store,
+            lease_duration=f"{self.lease:g}s",
+            args=args,
+            env=slot.clock.env,
+        )
+        slot.procs.append(proc)
+        self.observer.watch(proc)
+        return proc
+
+    def slot_of(self, name: str) -> Slot:
+        return next(slot for slot in self.slots if slot.name == name)
+
+    def slot_by_identity(self, identity: str) -> Slot | None:
+        for slot in self.slots:
+            if any(proc.identity == identity for proc in slot.procs):
+                return slot
+        return None
+
+    async def leader_now(self, timeout: float) -> Sample | None:
+        """A 200 for a request sent from now on (None when nobody leads within ``timeout``)."""
+        with contextlib.suppress(AssertionError):
+            return await self.observer.leader(timeout=timeout, after=time.time())
+        return None
+
+    def all_processes(self) -> list[tuple[Slot, SidecarProcess]]:
+        return [(slot, proc) for slot in self.slots for proc in slot.procs]
+
+    async def stop(self) -> None:
+        for writer in self.writers:
+            await writer.stop()
+        if self._session is not None:
+            await self._session.close()
+        await self.observer.__aexit__(None, None, None)
+        for _slot, proc in self.all_processes():
+            await asyncio.to_thread(proc.stop)
+        await self.store.stop()

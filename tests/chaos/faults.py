@@ -1,0 +1,265 @@
+"""Carrying out one scheduled fault against a running `Cluster`, and what it left on record
+for the judge: when it began, when it healed, whom it hit, and what was seen meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from tests.chaos.cluster import Cluster, Slot
+from tests.chaos.schedule import FaultSpec
+from tests.chaos.stores import KubernetesStore
+from tests.support.sidecars import Sample, SidecarProcess
+
+
+@dataclasses.dataclass
+class Paused:
+    """A replica that was SIGSTOPped while it led: its first answer after SIGCONT must be 503."""
+
+    proc: SidecarProcess
+    identity: str
+    stopped_at: float
+    resumed_at: float
+
+
+@dataclasses.dataclass
+class FaultRecord:
+    spec: FaultSpec
+    began: float = 0.0  # wall clock
+    healed: float = 0.0  # the fault is over: from here a leader is due within the bound
+    recovered: Sample | None = None  # the first 200 for a request sent after `healed`
+    ended: float = 0.0  # the next fault may begin
+    targets: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    paused: Paused | None = None
+
+
+FaultAction = Callable[[Cluster, FaultSpec, FaultRecord], Awaitable[None]]
+
+
+def who(proc: SidecarProcess) -> str:
+    return f"{proc.name}({proc.identity})"
+
+
+async def pick_target(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> Slot:
+    """The current leader, or a follower chosen by rank; with no leader now, any slot."""
+    leader = await cluster.leader_now(timeout=2 * cluster.lease + 2)
+    if spec.target == "leader" and leader is not None:
+        slot = cluster.slot_of(leader.name)
+        record.targets.append(f"leader {who(slot.proc)} term {leader.term}")
+        return slot
+    others = [slot for slot in cluster.slots if leader is None or slot.name != leader.name]
+    slot = others[int(spec.pick * len(others))]
+    role = "follower" if leader is not None else "replica (no leader now)"
+    record.targets.append(f"{role} {who(slot.proc)}")
+    return slot
+
+
+# -- the sidecar processes ---------------------------------------------------------------------
+
+
+async def sigkill(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    slot = await pick_target(cluster, spec, record)
+    proc = slot.proc
+    slot.ended_on_purpose.add(proc.proc.pid)
+    record.began = time.time()
+    await asyncio.to_thread(proc.kill)
+    replacement = await cluster.launch(slot)
+    record.notes.append(f"replaced by {who(replacement)}")
+    record.healed = time.time()
+
+
+async def sigstop(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    slot = await pick_target(cluster, spec, record)
+    proc = slot.proc
+    was_leader = spec.target == "leader" and record.targets[-1].startswith("leader")
+    record.began = time.time()
+    proc.pause()
+    await asyncio.sleep(spec.hold)  # the pause itself: past the lease on purpose
+    resumed_at = time.time()
+    proc.resume()
+    if was_leader:
+        record.paused = Paused(proc, proc.identity, record.began, resumed_at)
+    record.healed = resumed_at
+
+
+async def sigterm(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    slot = await pick_target(cluster, spec, record)
+    proc = slot.proc
+    slot.ended_on_purpose.add(proc.proc.pid)
+    record.began = time.time()
+    proc.terminate()
+    try:
+        code = await asyncio.to_thread(proc.wait_exit, 5.0)
+        record.notes.append(f"exited {code} after {time.time() - record.began:.2f}s")
+    except Exception:
+        record.notes.append("did NOT exit within 5s of SIGTERM; killed")
+        await asyncio.to_thread(proc.stop)
+    replacement = await cluster.launch(slot)
+    record.notes.append(f"restarted as {who(replacement)}")
+    record.healed = time.time()
+
+
+async def clock_step_sidecar(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    slot = await pick_target(cluster, spec, record)
+    record.began = time.time()
+    slot.clock.step(spec.step)
+    await asyncio.sleep(spec.hold)
+    slot.clock.step(0.0)  # and back: a second step, the other way
+    record.healed = time.time()
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+async def store_stall(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await cluster.store.stall(spec.hold)
+    record.healed = time.time()
+
+
+async def store_restart(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await cluster.store.lose_state()
+    record.healed = time.time()
+
+
+async def store_restart_twice(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await cluster.store.lose_state()
+    await asyncio.sleep(spec.gap)  # a crash-looping store
+    await cluster.store.lose_state()
+    record.healed = time.time()
+
+
+def highest_term(samples: list[Sample]) -> int:
+    return max((s.term for s in samples if s.term is not None), default=0)
+
+
+async def release(proc: SidecarProcess) -> None:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session,
+        session.post(f"http://{proc.local}/leader/release") as response,
+    ):
+        await response.read()
+
+
+async def delete_after_grant(
+    cluster: Cluster, spec: FaultSpec, record: FaultRecord, *, twice: bool = False
+) -> None:
+    """Provoke a grant (the leader releases), then delete the record the moment the observer
+    sees the new term: before the other replicas may have seen it (case 2 of issue 9)."""
+    observer = cluster.observer
+    leader = await cluster.leader_now(timeout=2 * cluster.lease + 2)
+    before = highest_term(observer.samples)
+    record.began = time.time()
+    if leader is not None:
+        releasing = cluster.slot_of(leader.name).proc
+        record.targets.append(f"released by {who(releasing)} term {leader.term}")
+        try:
+            await release(releasing)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            record.notes.append(f"release failed: {exc!r}")
+    try:
+        grant = await observer.wait_for(
+            lambda s: s.leader and (s.term or 0) > before, timeout=2 * cluster.lease + 2
+        )
+    except AssertionError:
+        record.notes.append("no new grant seen; deleted anyway")
+        grant = None
+    await cluster.store.delete_record()
+    if grant is not None:
+        record.notes.append(
+            f"deleted {1000 * (time.time() - grant.received):.0f}ms after seeing the grant of "
+            f"term {grant.term} to {grant.name}({grant.identity})"
+        )
+    if twice:
+        floor = max(before, (grant.term or 0) if grant else 0)
+        try:
+            second = await observer.wait_for(
+                lambda s: s.leader and (s.term or 0) > floor, timeout=spec.gap
+            )
+            record.notes.append(f"second grant term {second.term} to {second.name}")
+        except AssertionError:
+            record.notes.append(f"no grant within {spec.gap:.2f}s")
+        await cluster.store.delete_record()
+        record.notes.append("deleted again")
+    record.healed = time.time()
+
+
+async def delete_after_grant_once(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    await delete_after_grant(cluster, spec, record)
+
+
+async def delete_after_grant_twice(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    await delete_after_grant(cluster, spec, record, twice=True)
+
+
+async def partition(cluster: Cluster, spec: FaultSpec, record: FaultRecord, mode: str) -> None:
+    slot = await pick_target(cluster, spec, record)
+    proxy = cluster.store.proxy(slot.name)
+    assert proxy is not None, f"{cluster.store.name} has no proxy to partition"
+    record.began = time.time()
+    proxy.set_mode("blackhole" if mode == "blackhole" else "reset")
+    await asyncio.sleep(spec.hold)
+    proxy.set_mode("open")
+    record.healed = time.time()
+
+
+async def partition_blackhole(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    await partition(cluster, spec, record, "blackhole")
+
+
+async def partition_reset(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    await partition(cluster, spec, record, "reset")
+
+
+async def clock_step_store(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    clock = cluster.store.host_clock
+    assert clock is not None, f"{cluster.store.name} has no steppable host clock"
+    record.began = time.time()
+    clock.step(spec.step)
+    await asyncio.sleep(spec.hold)
+    clock.step(0.0)
+    record.healed = time.time()
+
+
+def kube(cluster: Cluster) -> KubernetesStore:
+    assert isinstance(cluster.store, KubernetesStore)
+    return cluster.store
+
+
+async def api_5xx(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    status = 500 if spec.pick < 0.5 else 503
+    record.targets.append(f"every lease request answered {status}")
+    record.began = time.time()
+    await kube(cluster).errors(status, spec.hold)
+    record.healed = time.time()
+
+
+async def late_write(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await kube(cluster).late_write(spec.hold)
+    record.healed = time.time()
+
+
+ACTIONS: dict[str, FaultAction] = {
+    "sigkill": sigkill,
+    "sigstop": sigstop,
+    "sigterm": sigterm,
+    "clock_step_sidecar": clock_step_sidecar,
+    "store_stall": store_stall,
+    "store_restart": store_restart,
+    "store_restart_twice": store_restart_twice,
+    "delete_after_grant": delete_after_grant_once,
+    "delete_after_grant_twice": delete_after_grant_twice,
+    "partition_blackhole": partition_blackhole,
+    "partition_reset": partition_reset,
+    "clock_step_store": clock_step_store,
+    "api_5xx": api_5xx,
+    "late_write": late_write,
+}

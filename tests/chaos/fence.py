@@ -1,0 +1,205 @@
+"""Fenced resources and the writers that use them, as an app beside each sidecar would.
+
+A fenced resource stores the highest term it accepted and accepts a write only when the
+resource's stored term is at most the writer's (``… WHERE term <= :term``); each accepted
+write is appended to the resource's own log in the same atomic step, so the log's order is
+the order of acceptance. Two implementations: a SQLite table and a Redis Lua script (on a
+Redis server of its own that no fault touches: the resource is not the lease store).
+
+A `FencedWriter` follows one replica's ``GET /leader``: while it answers 200 it writes with
+the term of that answer, as fast as an eager app would (every few ms). It checks, then
+writes: the gap between the two is where a stale leader's write slips in, and is exactly
+what the fence must refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import aiohttp
+import redis.asyncio
+
+
+@dataclasses.dataclass(frozen=True)
+class FencedWrite:
+    identity: str
+    term: int
+    seq: int  # the writer's own counter: which attempt of that writer this was
+    time: float  # wall clock (time.time()) when the writer sent it
+
+
+class FencedResource(Protocol):
+    kind: str
+
+    async def write(self, identity: str, term: int, seq: int, sent: float) -> bool: ...
+
+    async def accepted(self) -> list[FencedWrite]:
+        """Every accepted write, in the order the resource accepted them."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class SqliteFence:
+    """``UPDATE resource SET term = :term … WHERE term <= :term`` plus an INSERT into the log,
+    in one transaction, on a file of its own."""
+
+    kind = "sqlite table"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # One thread owns the connection: sqlite3 connections are not for sharing.
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fence")
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS resource (id INTEGER PRIMARY KEY, term INTEGER NOT NULL,
+                                                 writer TEXT);
+            INSERT OR IGNORE INTO resource (id, term, writer) VALUES (1, -1, NULL);
+            CREATE TABLE IF NOT EXISTS log (position INTEGER PRIMARY KEY AUTOINCREMENT,
+                identity TEXT NOT NULL, term INTEGER NOT NULL, seq INTEGER NOT NULL,
+                time REAL NOT NULL);
+            """
+        )
+
+    def _write(self, identity: str, term: int, seq: int, sent: float) -> bool:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            changed = conn.execute(
+                "UPDATE resource SET term = :term, writer = :identity "
+                "WHERE id = 1 AND term <= :term",
+                {"term": term, "identity": identity},
+            ).rowcount
+            if changed:
+                conn.execute(
+                    "INSERT INTO log (identity, term, seq, time) VALUES (?, ?, ?, ?)",
+                    (identity, term, seq, sent),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return bool(changed)
+
+    async def write(self, identity: str, term: int, seq: int, sent: float) -> bool:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._write, identity, term, seq, sent)
+
+    async def accepted(self) -> list[FencedWrite]:
+        def read() -> list[FencedWrite]:
+            rows = self._conn.execute(
+                "SELECT identity, term, seq, time FROM log ORDER BY position"
+            ).fetchall()
+            return [FencedWrite(*row) for row in rows]
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, read)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+        self._executor.shutdown(wait=False)
+
+
+# KEYS[1] the stored term, KEYS[2] the log (a list).
+# ARGV[1] term, ARGV[2] the log entry (JSON).
+_FENCED_WRITE = """
+local stored = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if stored <= tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+class RedisFence:
+    """A Lua script: ``SET term`` and ``RPUSH`` the log entry when stored term <= term."""
+
+    kind = "redis script"
+    TERM = "fence:term"
+    LOG = "fence:log"
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.asyncio.Redis.from_url(url, socket_timeout=5)
+        self._script = self._client.register_script(_FENCED_WRITE)
+
+    async def write(self, identity: str, term: int, seq: int, sent: float) -> bool:
+        entry = json.dumps({"identity": identity, "term": term, "seq": seq, "time": sent})
+        return bool(await self._script(keys=[self.TERM, self.LOG], args=[term, entry]))
+
+    async def accepted(self) -> list[FencedWrite]:
+        raw = await self._client.lrange(self.LOG, 0, -1)  # type: ignore[misc]
+        return [FencedWrite(**json.loads(item)) for item in raw]
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+@dataclasses.dataclass
+class WriterCounts:
+    accepted: int = 0
+    refused: int = 0
+
+
+class FencedWriter:
+    """The app beside one replica slot. ``url`` is asked afresh before every request, so the
+    writer follows the slot's current process (a replacement after a kill)."""
+
+    INTERVAL = 0.01  # between writes while leading: an eager app
+    FOLLOWER_WAIT = 0.5  # long-poll while not leading: wakes at once when that changes
+    TIMEOUT = 1.5  # one /leader request; a paused sidecar answers nothing
+
+    def __init__(self, name: str, url: Callable[[], str], fence: FencedResource) -> None:
+        self.name = name
+        self.url = url
+        self.fence = fence
+        self.counts = WriterCounts()
+        self.seq = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        self._task = asyncio.create_task(self._run(session), name=f"writer-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self, session: aiohttp.ClientSession) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.TIMEOUT)
+        etag: str | None = None  # of the last 503: long-poll until the state differs
+        while True:
+            url, headers = self.url(), {}
+            if etag is not None:
+                url, headers = f"{url}?wait={self.FOLLOWER_WAIT}", {"If-None-Match": etag}
+            body = None
+            try:
+                async with session.get(url, headers=headers, timeout=timeout) as response:
+                    if response.status == 200:
+                        body = await response.json()
+                    etag = response.headers.get("ETag") if response.status == 503 else None
+            except (TimeoutError, aiohttp.ClientError, ValueError):
+                etag = None
+                await asyncio.sleep(self.INTERVAL)  # refused at once (a restart): no spin
+            if body is None:
+                continue
+            self.seq += 1
+            accepted = await self.fence.write(
+                body["identity"], int(body["term"]), self.seq, time.time()
+            )
+            if accepted:
+                self.counts.accepted += 1
+            else:
+                self.counts.refused += 1
+            await asyncio.sleep(self.INTERVAL)

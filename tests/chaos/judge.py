@@ -1,0 +1,311 @@
+"""The verdict on one chaos run, from what the observer saw, what the fence accepted and what
+the schedule did. Every judgment is checked on every run; none is relaxed for a fault kind.
+
+1. two leaders at once: two identities' ``[since, last 200]`` intervals intersect (the
+   observer's own test, `LeaderObserver.two_leaders_at_once`, on ``since`` translated back
+   to the real clock for a replica whose wall clock the schedule stepped);
+2. one term served (a 200 from the observer) or written (the fence log) by two identities;
+3. a fenced write accepted below the term of an earlier accepted write;
+4. a leader paused past its lease whose first answer after SIGCONT is not 503;
+5. a replica that exited without the schedule killing or terminating it;
+6. an interval without a leader longer than 2 x lease + 2 s after a fault healed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import types
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from tests.chaos.clock import ClockShift
+from tests.chaos.faults import FaultRecord
+from tests.chaos.fence import FencedWrite
+from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    judgment: str
+    at: float  # wall clock
+    detail: str
+
+
+@dataclasses.dataclass
+class RunFacts:
+    store: str
+    size: int
+    seed: int
+    lease: float
+    started: float
+    finished: float
+    samples: list[Sample]
+    fence_log: list[FencedWrite]
+    records: list[FaultRecord]
+    clocks: dict[str, ClockShift]  # slot name -> its wall-clock shift
+    # Every process, whether the schedule ended it on purpose, and its exit status (None:
+    # running) when the schedule finished.
+    procs: list[tuple[SidecarProcess, bool, int | None]]
+
+    @property
+    def leaderless_limit(self) -> float:
+        return 2 * self.lease + 2.0
+
+
+def stamp(facts: RunFacts, moment: float) -> str:
+    wall = datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S.%f")[:-3]
+    return f"t+{moment - facts.started:.3f}s ({wall}Z)"
+
+
+def effective_offset(clock: ClockShift, moment: float) -> float:
+    offset = 0.0
+    for since, value in clock.history:
+        if since <= moment:
+            offset = value
+    return offset
+
+
+def real_since(facts: RunFacts, sample: Sample) -> float:
+    """``since`` on the real clock. A stepped replica reports its reign's start on its own
+    wall clock; the offset that applies is the one in effect at the real moment it implies
+    (the shim re-reads its file within a few ms, hence the two probes)."""
+    reported = sample.since
+    clock = facts.clocks.get(sample.name)
+    if clock is None or clock.offsets() == {0.0}:
+        return reported
+    for offset in sorted(clock.offsets(), key=abs):
+        moment = reported - offset
+        if moment <= sample.received and offset in (
+            effective_offset(clock, moment),
+            effective_offset(clock, moment - 0.02),
+        ):
+            return moment
+    return reported
+
+
+def corrected(facts: RunFacts) -> list[Sample]:
+    """The 200s, with ``since`` on the real clock."""
+    result = []
+    for sample in facts.samples:
+        if not sample.leader or sample.body is None:
+            continue
+        since = real_since(facts, sample)
+        if since != sample.since:
+            body = dict(sample.body)
+            body["since"] = datetime.fromtimestamp(since, UTC).isoformat().replace("+00:00", "Z")
+            sample = dataclasses.replace(sample, body=body)
+        result.append(sample)
+    return result
+
+
+def describe(facts: RunFacts, sample: Sample) -> str:
+    return (
+        f"{sample.name}({sample.identity}) term {sample.term} "
+        f"since {stamp(facts, sample.since)}, 200 sent {stamp(facts, sample.sent)}"
+    )
+
+
+def two_leaders(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
+    view = types.SimpleNamespace(samples=leaders)
+    pairs = LeaderObserver.two_leaders_at_once(view)  # type: ignore[arg-type]
+    return [
+        Violation(
+            "two leaders at once",
+            max(a.since, b.since),
+            f"{describe(facts, a)} AND {describe(facts, b)}",
+        )
+        for a, b in pairs
+    ]
+
+
+def term_shared(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
+    violations = []
+    served: dict[int, dict[str, Sample]] = {}
+    for sample in leaders:
+        assert sample.term is not None
+        assert sample.identity is not None
+        served.setdefault(sample.term, {}).setdefault(sample.identity, sample)
+    for term, by_identity in served.items():
+        if len(by_identity) > 1:
+            firsts = sorted(by_identity.values(), key=lambda s: s.sent)
+            violations.append(
+                Violation(
+                    "one term served by two identities",
+                    firsts[1].sent,
+                    f"term {term}: " + "; ".join(describe(facts, s) for s in firsts),
+                )
+            )
+    written: dict[int, dict[str, FencedWrite]] = {}
+    for write in facts.fence_log:
+        written.setdefault(write.term, {}).setdefault(write.identity, write)
+    for term, by_writer in written.items():
+        if len(by_writer) > 1:
+            firsts = sorted(by_writer.values(), key=lambda w: w.time)
+            violations.append(
+                Violation(
+                    "one term written by two identities",
+                    firsts[1].time,
+                    f"term {term}: "
+                    + "; ".join(
+                        f"{w.identity} seq {w.seq} at {stamp(facts, w.time)}" for w in firsts
+                    ),
+                )
+            )
+    return violations
+
+
+def fence_regressed(facts: RunFacts) -> list[Violation]:
+    violations = []
+    highest: FencedWrite | None = None
+    for write in facts.fence_log:
+        if highest is not None and write.term < highest.term:
+            violations.append(
+                Violation(
+                    "fenced write accepted below an earlier accepted term",
+                    write.time,
+                    f"{write.identity} term {write.term} seq {write.seq} accepted at "
+                    f"{stamp(facts, write.time)} after {highest.identity} term {highest.term}",
+                )
+            )
+        if highest is None or write.term > highest.term:
+            highest = write
+    return violations
+
+
+def paused_leaders(facts: RunFacts) -> list[Violation]:
+    violations = []
+    for record in facts.records:
+        paused = record.paused
+        if paused is None:
+            continue
+        first = next(
+            (
+                s
+                for s in facts.samples
+                if s.name == paused.proc.name
+                and s.received >= paused.resumed_at
+                and s.sent >= paused.stopped_at - 1.0
+                and (s.identity in (None, paused.identity))
+            ),
+            None,
+        )
+        if first is not None and first.status != 503:
+            violations.append(
+                Violation(
+                    "a resumed paused leader's first answer is not 503",
+                    first.received,
+                    f"{paused.proc.name}({paused.identity}) stopped "
+                    f"{stamp(facts, paused.stopped_at)}, resumed "
+                    f"{stamp(facts, paused.resumed_at)}: first answer {first.status} "
+                    f"term {first.term} received {stamp(facts, first.received)}",
+                )
+            )
+    return violations
+
+
+def exits(facts: RunFacts) -> list[Violation]:
+    violations = []
+    for proc, planned, code in facts.procs:
+        if code is None or planned:
+            continue
+        seen = [s.received for s in facts.samples if s.name == proc.name and s.body]
+        violations.append(
+            Violation(
+                "a replica exited by itself",
+                max(seen, default=facts.finished),
+                f"{proc.name}({proc.identity}) exit status {code}; last log lines:\n    "
+                + "\n    ".join(proc.raw[-8:]),
+            )
+        )
+    return violations
+
+
+def coverage(leaders: list[Sample]) -> list[tuple[float, float]]:
+    """Merged intervals during which some replica led: each reign from its ``since`` to its
+    last 200's request."""
+    reigns: dict[tuple[str | None, float], list[float]] = {}
+    for sample in leaders:
+        key = (sample.identity, sample.since)
+        reign = reigns.setdefault(key, [sample.since, sample.sent])
+        reign[1] = max(reign[1], sample.sent)
+    merged: list[list[float]] = []
+    for start, end in sorted(reigns.values()):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def leaderless(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
+    covered = coverage(leaders)
+    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(covered)]
+    if covered:
+        gaps.append((covered[-1][1], facts.finished))
+    violations = []
+    for index, record in enumerate(facts.records):
+        window_end = (
+            facts.records[index + 1].began if index + 1 < len(facts.records) else facts.finished
+        )
+        for start, end in gaps:
+            begin = max(start, record.healed)
+            stop = min(end, window_end)
+            if stop - begin > facts.leaderless_limit:
+                violations.append(
+                    Violation(
+                        "no leader for longer than 2 x lease + 2s after a fault healed",
+                        begin,
+                        f"no leader from {stamp(facts, start)} to {stamp(facts, end)}; the fault "
+                        f"healed at {stamp(facts, record.healed)}: {stop - begin:.2f}s > "
+                        f"{facts.leaderless_limit:.2f}s",
+                    )
+                )
+    return violations
+
+
+def judge(facts: RunFacts) -> list[Violation]:
+    leaders = corrected(facts)
+    found = [
+        *two_leaders(facts, leaders),
+        *term_shared(facts, leaders),
+        *fence_regressed(facts),
+        *paused_leaders(facts),
+        *exits(facts),
+        *leaderless(facts, leaders),
+    ]
+    return sorted(found, key=lambda v: v.at)
+
+
+def fault_at(records: Sequence[FaultRecord], moment: float) -> FaultRecord | None:
+    """The fault in whose window (its start to the next one's) ``moment`` falls."""
+    current = None
+    for record in records:
+        if record.began <= moment:
+            current = record
+    return current
+
+
+def report(facts: RunFacts, violations: list[Violation]) -> str:
+    """The failure message: seed, store, and per violation its fault, replicas and times."""
+    head = (
+        f"chaos {facts.store} n={facts.size}: {len(violations)} violation(s); replay with "
+        f"CHAOS_SEED={facts.seed} python3 -m pytest tests/chaos "
+        f"-k '{facts.store} and n{facts.size}'"
+    )
+    lines = [head]
+    for violation in violations[:40]:
+        record = fault_at(facts.records, violation.at)
+        during = (
+            f"during/after {record.spec.describe()} [{'; '.join(record.targets)}] began "
+            f"{stamp(facts, record.began)} healed {stamp(facts, record.healed)}"
+            if record
+            else "before the first fault"
+        )
+        lines.append(
+            f"- {violation.judgment} at {stamp(facts, violation.at)}, {during}:\n  "
+            f"{violation.detail}"
+        )
+    if len(violations) > 40:
+        lines.append(f"... and {len(violations) - 40} more")
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""The three lease stores under chaos, each with the faults that belong to it.
+
+Every harness starts its store and a fenced resource of its own, tells a replica slot how its
+sidecar reaches the store (through the slot's own `TcpProxy` where there is a network), and
+implements the store-side faults: stall, loss of state, deletion of the lease record, a clock
+step of the store host and the Kubernetes API's own faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from sidecar.backends.redis.scripts import lease_keys
+from tests.chaos.clock import ClockShift
+from tests.chaos.fence import FencedResource, RedisFence, SqliteFence
+from tests.chaos.proxy import TcpProxy
+from tests.fakekube import FakeKubeProcess, write_kubeconfig
+from tests.redis.servers import READY_TIMEOUT, RedisServer
+
+SIDECAR_LEASE = "default"  # the sidecar's lease name outside a cluster (SQLite, Redis)
+KUBE_NAMESPACE = "demo"
+KUBE_LEASE = "my-app"
+
+
+class StoreHarness:
+    """What every store offers; a store lacking a fault raises NotImplementedError."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]  # the store-specific fault kinds (see schedule.py)
+    fence: FencedResource
+    host_clock: ClockShift | None = None
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        raise NotImplementedError
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        """(``--store`` value, extra arguments) for the sidecar of ``slot``."""
+        raise NotImplementedError
+
+    def proxy(self, slot: str) -> TcpProxy | None:
+        return None
+
+    async def stall(self, seconds: float) -> None:
+        """The store answers nothing for ``seconds``; returns when it answers again."""
+        raise NotImplementedError
+
+    async def lose_state(self) -> None:
+        """A restart without persistence: every lease record and counter is gone."""
+        raise NotImplementedError
+
+    async def delete_record(self) -> None:
+        """An operator (or a bug) deletes the lease record."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+
+class SqliteStore(StoreHarness):
+    """One SQLite file shared by every sidecar. No network, so no partition of one replica; a
+    stall is a transaction holding the write lock (every sidecar's write waits on it)."""
+
+    name = "sqlite"
+    kinds = ("store_stall", "delete_after_grant", "delete_after_grant_twice")
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        self.path = directory / "leases.db"
+        self.fence = SqliteFence(directory / "fence.db")
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        return f"sqlite:///{self.path}", []
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10, isolation_level=None)
+
+    async def stall(self, seconds: float) -> None:
+        def hold() -> None:
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN EXCLUSIVE")
+                time.sleep(seconds)  # the stall itself: the lock is held this long
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(hold)
+
+    async def delete_record(self) -> None:
+        def delete() -> None:
+            conn = self._connect()
+            try:
+                conn.execute("DELETE FROM leases")
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(delete)
+
+    async def stop(self) -> None:
+        await self.fence.close()
+
+
+class ShiftedRedisServer(RedisServer):
+    """A redis-server whose wall clock the test steps (LD_PRELOAD of the clockshift shim).
+    `RedisServer._launch` takes no environment, so this copies its few lines with one."""
+
+    ENV: ClassVar[dict[str, str]] = {}
+
+    def _launch(self) -> bool:
+        import os
+
+        self.log.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **self.ENV},
+        )
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(Exception), self.client() as client:
+                if client.ping():
+                    return True
+            time.sleep(0.01)
+        self.stop()
+        return False
+
+
+class RedisStore(StoreHarness):
+    """A real redis-server (wall clock steppable), each sidecar reaching it through its own
+    proxy; the fence is a second redis-server no fault touches."""
+
+    name = "redis"
+    kinds = (
+        "store_stall",
+        "store_restart",
+        "store_restart_twice",
+        "delete_after_grant",
+        "delete_after_grant_twice",
+        "partition_blackhole",
+        "partition_reset",
+        "clock_step_store",
+    )
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        lease_dir = directory / "redis-lease"
+        fence_dir = directory / "redis-fence"
+        lease_dir.mkdir()
+        fence_dir.mkdir()
+        self.host_clock = ClockShift(shim, directory / "redis-clock")
+        server_class = type("RedisWithClock", (ShiftedRedisServer,), {"ENV": self.host_clock.env})
+        self.server: RedisServer = await asyncio.to_thread(server_class.start, lease_dir)
+        self.fence_server = await asyncio.to_thread(RedisServer.start, fence_dir)
+        self.fence = RedisFence(self.fence_server.url)
+        self.proxies = {
+            slot: await TcpProxy("127.0.0.1", self.server.port, slot).start() for slot in slots
+        }
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        return f"redis://{self.proxies[slot].address}/0", []
+
+    def proxy(self, slot: str) -> TcpProxy | None:
+        return self.proxies[slot]
+
+    async def stall(self, seconds: float) -> None:
+        self.server.pause()
+        try:
+            await asyncio.sleep(seconds)  # the stall itself
+        finally:
+            self.server.resume()
+
+    async def lose_state(self) -> None:
+        await asyncio.to_thread(self.server.restart)
+
+    async def delete_record(self) -> None:
+        holder, term, _channel = lease_keys(SIDECAR_LEASE)
+
+        def delete() -> None:
+            with self.server.client() as client:
+                client.delete(holder, term)
+
+        await asyncio.to_thread(delete)
+
+    async def stop(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+        await self.fence.close()
+        self.server.stop()
+        self.fence_server.stop()
+
+
+class KubernetesStore(StoreHarness):
+    """The fake API server in its own process; each sidecar reaches it through its own proxy
+    (the fake's own partition cuts everyone). Freeze, 5xx and late writes are the fake's."""
+
+    name = "kubernetes"
+    kinds = (
+        "store_stall",  # an API freeze: requests held, applied on resume
+        "api_5xx",
+        "late_write",
+        "delete_after_grant",
+        "delete_after_grant_twice",
+        "partition_blackhole",
+        "partition_reset",
+    )
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        self.directory = directory
+        self.fake = await asyncio.to_thread(FakeKubeProcess.start)
+        for slot in slots:
+            await asyncio.to_thread(self.fake.create_pod, KUBE_NAMESPACE, slot)
+        port = int(self.fake.url.rsplit(":", 1)[1])
+        self.proxies = {slot: await TcpProxy("127.0.0.1", port, slot).start() for slot in slots}
+        self.kubeconfigs: dict[str, Path] = {}
+        for slot, proxy in self.proxies.items():
+            path = directory / f"kubeconfig-{slot}"  # the fake's, through this slot's proxy
+            self.kubeconfigs[slot] = write_kubeconfig(
+                path, f"http://{proxy.address}", KUBE_NAMESPACE
+            )
+        self.fence = SqliteFence(directory / "fence.db")
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        return "kubernetes", [
+            "--lease", KUBE_LEASE,
+            "--namespace", KUBE_NAMESPACE,
+            "--kubeconfig", str(self.kubeconfigs[slot]),
+            "--pod-name", slot,
+        ]  # fmt: skip
+
+    def proxy(self, slot: str) -> TcpProxy | None:
+        return self.proxies[slot]
+
+    async def stall(self, seconds: float) -> None:
+        await asyncio.to_thread(self.fake.set_faults, freeze=True)
+        try:
+            await asyncio.sleep(seconds)  # the freeze itself
+        finally:
+            await asyncio.to_thread(self.fake.clear_faults)
+
+    async def errors(self, status: int, seconds: float) -> None:
+        rule = {"status": status, "match": {"resources": ["leases"]}}
+        await asyncio.to_thread(self.fake.set_faults, errors=[rule])
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await asyncio.to_thread(self.fake.clear_faults)
+
+    async def late_write(self, delay: float) -> None:
+        """The next lease write is applied ``delay`` seconds after it arrived, long after its
+        client gave up; returns once it has been applied."""
+        writes = {"resources": ["leases"], "verbs": ["create", "update", "patch"]}
+        late = [{"delay": delay, "count": 1, "match": writes}]
+        await asyncio.to_thread(self.fake.set_faults, late=late)
+        held_at = time.monotonic()
+        deadline = held_at + 10
+        while time.monotonic() < deadline:
+            state = await asyncio.to_thread(self.fake.control, "GET", "/_fake/faults")
+            if state["late"] and state["late"][0]["held"]:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(delay + 0.05)  # until the held write has been applied
+        await asyncio.to_thread(self.fake.clear_faults)
+
+    async def delete_record(self) -> None:
+        await asyncio.to_thread(self.fake.delete_lease, KUBE_NAMESPACE, KUBE_LEASE)
+
+    async def stop(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+        await self.fence.close()
+        await asyncio.to_thread(self.fake.stop)
+
+
+STORES: dict[str, type[StoreHarness]] = {
+    store.name: store for store in (SqliteStore, RedisStore, KubernetesStore)
+}
