@@ -5,12 +5,17 @@ It imports only the backend interface. The safety rules of DESIGN.md live here a
 * Rule 3 — `valid_until` is the monotonic time at which the last successful acquire/renew was
   *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says.
 * Rule 4 — `status()` compares the clock with `valid_until` on every call; no cached flag.
-* Rule 5 — the highest term ever observed is passed to every acquire as ``min_term``, and a
-  grant whose term does not exceed it is refused.
+* Rules 2, 5 and 8 — `sidecar.observed.LeaseView` decides when a follower may try to
+  acquire, naming the version it watched unchanged for a lease (observed expiry, the same for
+  every store), and with which term floor (above every term seen; far above after a store
+  lost state, which is waited out a full lease each time).
+* Rule 5 — a leader stops at once when it sees a grant to another identity at a term at or
+  above its own; when it sees the store lost its grant, it renews at once, which puts the
+  grant back (the store's `renew` restores a forgotten grant).
 * Rule 7 — `release()` demotes locally first, then releases conditionally.
 
-Rules 1 and 2 are the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix
-(see `sidecar.config`).
+Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix (see
+`sidecar.config`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from sidecar.backends.base import (
     LeaseRecord,
     LeaseStore,
     NotOwned,
-    StoreBehind,
     StoreError,
     StoreUnavailable,
 )
@@ -39,6 +43,7 @@ from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
 from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
+from sidecar.observed import LeaseView
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")
@@ -126,18 +131,16 @@ class Elector:
         self._term = 0  # term of our own grant while leading
         self._valid_until = float("-inf")
         self._last_renewal_sent = float("-inf")
-        self._high_water = 0  # highest term ever observed (rule 5)
-        self._observed: LeaseRecord | None = None
+        self._view = LeaseView(identity, timing.lease_duration)  # rules 2, 5 and 8
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
         self._gap_alerted = False
         self._last_error: str | None = None
         self._last_store_answer = float("-inf")
-        self._free_seen_by_watch = False
-        self._store_reset_seen_at: float | None = None  # when a store first showed lost state
         self._last_other_holder: str | None = None  # the last holder seen that was not us
 
+        self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
         self._lock = asyncio.Lock()  # one store mutation at a time
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -159,8 +162,9 @@ class Elector:
             holder: str | None = self.identity
             term = self._term
         else:
-            holder = self._observed.holder if self._observed else None
-            term = self._observed.term if self._observed else self._high_water
+            observed = self._view.record
+            holder = observed.holder if observed else None
+            term = observed.term if observed else self._view.high_water
         return LeaderStatus(
             leader=leading,
             identity=self.identity,
@@ -178,7 +182,11 @@ class Elector:
 
     @property
     def high_water(self) -> int:
-        return self._high_water
+        return self._view.high_water
+
+    @property
+    def view(self) -> LeaseView:
+        return self._view
 
     @property
     def last_error(self) -> str | None:
@@ -247,15 +255,15 @@ class Elector:
         return timers
 
     def _tick(self, now: float) -> None:
-        """Time-driven transitions, no I/O: demote at the deadline, alert a growing gap."""
+        """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
+        self._check_growing_gap(now)
         if self._role is Role.LEADER and now >= self._valid_until:
             self._demote("deadline")
-        self._check_growing_gap(now)
 
     async def step(self) -> float:
         """One acquire-or-renew step. Returns the delay until the next one."""
         async with self._lock:
-            self._free_seen_by_watch = False
+            self._watch_asked = float("inf")
             now = self._clock.now()
             # 1. A leader past its deadline has stopped leading, whatever the store would say:
             #    it may be partitioned from a store that already let the lease expire (rule 3).
@@ -264,10 +272,10 @@ class Elector:
             # 2. Leading: renew, conditional at the store on our holder and term (rule 1).
             # 3. Following: acquire if free or expired, with a term above every term seen.
             delay = await (self._renew(now) if self._role is Role.LEADER else self._acquire(now))
-            # 4. A release seen by the watch while we were busy: try again at once.
-            if self._free_seen_by_watch and self._role is Role.FOLLOWER:
-                delay = min(delay, self._herd_jitter())
-            self._next_attempt = self._clock.now() + delay
+            # 4. The watch may have seen something while we were busy (a release, our own name,
+            #    a lost grant): never wait past the moment it asked for.
+            now = self._clock.now()
+            self._next_attempt = min(now + delay, max(now, self._watch_asked))
             return delay
 
     async def _renew(self, sent: float) -> float:
@@ -288,7 +296,7 @@ class Elector:
         except NotOwned as lost:
             self._observe(lost.record)
             self._demote("lost")
-            return self._follower_delay(lost.record)
+            return self._follower_delay()
         except StoreError as failed:
             # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
             # (another write raced ours; the store re-read a record that is still ours) is
@@ -313,67 +321,60 @@ class Elector:
         self._renewed(sent, record)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
-    async def _acquire(self, sent: float) -> float:
+    async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
         if sent < self._hold_off_until:
             return self._hold_off_until - sent
-        floor = self._high_water
-        reset = self._store_reset_seen_at
-        after_reset = reset is not None and sent >= reset + self.timing.lease_duration
+        attempt = self._view.next_attempt(sent)
+        if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
+            return attempt.at - sent
         try:
             record = await self._call(
                 "acquire",
                 lambda: self.store.try_acquire(
-                    self.identity, self.timing.lease_duration, floor, after_reset=after_reset
+                    self.identity,
+                    self.timing.lease_duration,
+                    attempt.min_term,
+                    expected=attempt.expected,
                 ),
                 self.timing.request_timeout,
             )
-        except LeaseHeld as held:
-            if held.record is not None and held.record.term >= floor:
-                self._store_reset_seen_at = None  # the store shows a term as new as any seen
-            self._observe(held.record)
-            return self._follower_delay(held.record)
-        except StoreBehind as behind:
-            return self._wait_out_store_reset(behind)
-        except Conflict as lost_race:
-            self._observe(lost_race.record)
-            return self._herd_jitter()
+        except (LeaseHeld, Conflict) as refused:
+            # The store holds something else than what we named: observe it and decide anew.
+            self._observe(refused.record)
+            now = self._clock.now()
+            due = self._view.next_attempt(now).at <= now
+            if due and not second_try and isinstance(refused, LeaseHeld):
+                # Released (or ours) since we last looked, e.g. before the watch told us:
+                # take it now rather than one scheduling round later.
+                return await self._acquire(now, second_try=True)
+            return self._follower_delay(raced=isinstance(refused, Conflict))
         except StoreError:
             return self._retry_delay()
-        if record.holder != self.identity or record.term <= floor:
+        if record.holder != self.identity or record.term <= attempt.min_term:
             # A store that broke its contract: leading on a reused term would break fencing.
             log(
                 logger,
                 "error",
                 "store granted a term that is not above every term seen; refusing to lead",
                 granted_term=record.term,
-                highest_seen=floor,
+                highest_seen=attempt.min_term,
                 store=self.store.description,
             )
             self._observe(record)
             return self._retry_delay()
-        self._store_reset_seen_at = None
-        self._become_leader(record, sent)
-        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
-
-    def _wait_out_store_reset(self, behind: StoreBehind) -> float:
-        """The store lost state (restart without persistence, failover, deleted record): a
-        holder it no longer shows may still believe it leads, until its own deadline, at most
-        one lease away. Wait out that lease, then take the lease above every term seen."""
-        now = self._clock.now()
-        if self._store_reset_seen_at is None:
-            self._store_reset_seen_at = now
+        if attempt.why == "lost":
             log(
                 logger,
                 "warning",
-                "the store lost the lease's state; waiting one lease before "
-                "taking it, so a holder it no longer shows can reach its deadline first",
+                "took the lease after waiting out the store's loss of state; the term jumps "
+                "so it cannot repeat a grant the store forgot",
                 lease=self.lease,
-                highest_term_seen=self._high_water,
-                error=str(behind),
-                wait_seconds=self.timing.lease_duration,
+                term=record.term,
+                highest_term_seen=self._view.high_water,
+                losses_in_a_row=self._view.losses_in_a_row,
             )
-        ends = self._store_reset_seen_at + self.timing.lease_duration
-        return max(0.0, ends - now) + self._herd_jitter()
+        self._become_leader(record, sent)
+        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
     async def release(self, reason: str = "released", timeout: float | None = None) -> bool:
         """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
@@ -444,6 +445,10 @@ class Elector:
     def _demote(self, reason: str) -> None:
         if self._role is not Role.LEADER:
             return
+        if reason == "deadline":
+            # The gap that ends in this demotion (a stall, a pause, a store that never
+            # answered) is the one the half-lease alert exists for: count and report it first.
+            self._check_growing_gap(self._clock.now())
         self._role = Role.FOLLOWER
         self._valid_until = float("-inf")
         self._role_since = self._clock.wall()
@@ -462,15 +467,23 @@ class Elector:
         )
         self._notify(Transition(Role.FOLLOWER, reason, self.status(), None))
 
-    def _observe(self, record: LeaseRecord | None) -> None:
-        if record is not None:
-            if self._observed is not None and record.term < self._observed.term:
-                return  # an older observation arriving late
-            self._high_water = max(self._high_water, record.term)
-            if record.holder not in (None, self.identity):
-                self._last_other_holder = record.holder
-        self._observed = record
-        self.metrics.term.set(self._term if self._role is Role.LEADER else self._high_water)
+    def _observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
+        """Every answer from the store goes through here, timed when it *arrived*."""
+        if self._view.observe(record, self._clock.now(), from_watch=from_watch):
+            log(
+                logger,
+                "warning",
+                "the store lost the lease's state; nobody is granted the lease for one lease "
+                "from now, so a holder it forgot reaches its own deadline first",
+                lease=self.lease,
+                shows_term=record.term if record is not None else None,
+                highest_term_seen=self._view.high_water,
+                losses_in_a_row=self._view.losses_in_a_row,
+                wait_seconds=self.timing.lease_duration,
+            )
+        if record is not None and record.holder not in (None, self.identity):
+            self._last_other_holder = record.holder
+        self.metrics.term.set(self._term if self._role is Role.LEADER else self._view.high_water)
         self._publish()
 
     def _notify(self, transition: Transition) -> None:
@@ -538,34 +551,46 @@ class Elector:
 
     def on_watch(self, record: LeaseRecord | None) -> None:
         """React to a change seen by the store's watch, without a store call."""
-        self._observe(record)
+        self._observe(record, from_watch=True)
+        now = self._clock.now()
         if self._role is Role.LEADER:
-            if record is not None and record.term > self._term and record.holder != self.identity:
-                self._demote("lost")  # a newer grant to someone else: we lost it
-                self._next_attempt = self._clock.now() + self._follower_delay(record)
-                self._wake.set()
-            elif record is not None and record.holder is None and record.term >= self._term:
-                # The store says nobody holds our grant any more (a failover lost our last
-                # renewals, or someone deleted it): the others may take it now, so stop at once
-                # instead of at the next renewal. Only a record at our term or later counts: a
-                # read or a release from before our grant carries an older term. (No record at
-                # all could be such a stale read, from before the first grant.)
+            if self._store_lost_our_grant(record):
+                # Renew now: the store's renew puts the grant back before anyone may take it.
+                self._ask_for_attempt(now)
+            elif record is not None and (
+                record.term > self._term or record.holder != self.identity
+            ):
+                # A grant to someone else at our term or later, a later grant, or a release of
+                # our grant: the others may lead now, so stop at once (rule 5).
                 self._demote("lost")
-                self._next_attempt = self._clock.now() + self._herd_jitter()
-                self._wake.set()
+                self._ask_for_attempt(now + self._follower_delay())
             return
-        if record is None or record.free:
-            self._free_seen_by_watch = True
-        self._next_attempt = self._clock.now() + self._follower_delay(record)
+        self._ask_for_attempt(now + self._follower_delay())
+
+    def _store_lost_our_grant(self, record: LeaseRecord | None) -> bool:
+        """No record, an older grant, or our term without a holder that nobody released (a
+        Redis key gone early): the store forgot our grant, nobody took it from us."""
+        if record is None or record.term < self._term:
+            return True
+        return record.term == self._term and record.holder is None and not record.released
+
+    def _ask_for_attempt(self, at: float) -> None:
+        self._next_attempt = at
+        self._watch_asked = min(self._watch_asked, at)
         self._wake.set()
 
     # -- timing -------------------------------------------------------------------------
 
-    def _follower_delay(self, record: LeaseRecord | None) -> float:
-        """Next attempt at the observed expiry (or at once if free), not on a fixed poll."""
-        if record is None or record.free:
-            return self._herd_jitter()
-        return min(record.expires_in, self.timing.lease_duration) + self._herd_jitter()
+    def _follower_delay(self, *, raced: bool = False) -> float:
+        """Until the next attempt the view allows: at the exact observed expiry, or at once
+        (with a little jitter, so followers woken together do not all hit the store at once;
+        none when the lease names us)."""
+        now = self._clock.now()
+        attempt = self._view.next_attempt(now)
+        wait = max(0.0, attempt.at - now)
+        if attempt.why == "own" and not raced:
+            return wait
+        return wait + self._herd_jitter()
 
     def _herd_jitter(self) -> float:
         """A little spread so followers woken together do not all hit the store at once."""
@@ -595,9 +620,6 @@ class Elector:
         except Conflict:
             outcome = "conflict"
             raise
-        except StoreBehind:
-            outcome = "behind"
-            raise
         except StoreUnavailable as exc:
             outcome = "unavailable"
             self._last_error = str(exc)
@@ -613,5 +635,5 @@ class Elector:
         finally:
             now = self._clock.now()
             self.metrics.store_request(op, outcome, now - started)
-            if outcome in ("ok", "held", "not_owned", "conflict", "behind"):
+            if outcome in ("ok", "held", "not_owned", "conflict"):
                 self._last_store_answer = now

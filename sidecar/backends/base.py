@@ -1,21 +1,29 @@
 """The contract every lease store implements.
 
 The elector imports this module and nothing else from `sidecar.backends`. A store keeps one
-lease record and guarantees, *at the store*, atomically:
+lease record and does exactly two kinds of thing: it *reports* what it holds, and it *writes*
+conditionally, atomically, at the store (rule 1). It never decides that a lease has expired:
+expiry is observed by the elector on its own monotonic clock, the same way for every store
+(rule 2, `sidecar.observed`). A store's TTLs and timestamps are garbage collection and
+information for humans; they never grant.
 
-* ``try_acquire`` grants the lease only if it is free, expired, or already held by the caller,
-  and sets ``term = max(stored term, min_term) + 1`` in the same write (safety rules 1 and 5).
-* ``try_acquire`` refuses, writing nothing, when the store's term is below ``min_term`` (or it
-  has no record although ``min_term > 0``): the store has lost state — restarted without
-  persistence, failed over to a replica that missed writes, or its record was deleted — so it
-  can no longer show a holder that may still believe it leads. It raises `StoreBehind`; the
-  elector waits one full lease, then asks again with ``after_reset=True``, which grants (if the
-  lease is free) with ``min_term + 1``.
-* ``renew`` and ``release`` change the record only while ``holder`` and ``term`` are still the
-  caller's; otherwise they change nothing and raise `NotOwned` (rule 1).
-* Expiry is judged by the store's own rule, never by comparing the clocks of two hosts
-  (rule 2): Redis uses the server's TTL, Kubernetes the time *this process* has watched an
-  unchanged resourceVersion, SQLite one host's ``CLOCK_BOOTTIME``.
+* ``try_acquire`` grants the lease only if the store still holds *exactly* the record the
+  caller names by ``expected`` version (``None``: no record at all) — the version the caller
+  has watched unchanged for a lease, or a release, or its own name — with
+  ``term = max(stored term, min_term) + 1`` in the same write (rules 1 and 5). Otherwise it
+  writes nothing and raises `LeaseHeld` (or `Conflict`) with what it holds now.
+* ``renew`` extends the caller's grant while ``holder`` and ``term`` are still the caller's.
+  If the store holds no record, or only one with a *lower* term (it lost state: a restart
+  without persistence, a failover to a replica that missed writes, a deleted record, a Redis
+  key that expired when the Redis host's clock stepped), it puts the caller's grant back and
+  raises its term to it: a holder the store forgot keeps its lease, and its term stays used
+  (rule 5). Anything else (a later grant, someone else's record at the caller's term, a
+  release) changes nothing and raises `NotOwned`.
+* ``release`` frees the caller's grant (keeping the term) while ``holder`` and ``term`` are
+  still the caller's, and marks the record *released*: free at once for everyone; otherwise
+  it changes nothing and raises `NotOwned` (rule 1).
+* Every version is new on every write and never comes back (a random token, or Kubernetes'
+  resourceVersion), so "the same version" means "nothing was written in between".
 
 Every call either returns a `LeaseRecord` or raises one of the exceptions below; no call answers
 a bare ``False`` that throws the reason away. Calls may block for at most the store's request
@@ -43,12 +51,14 @@ class LeaseRecord:
     duration: float
     """Lease duration in seconds, as written by the holder."""
 
-    expires_in: float
-    """Seconds from the moment of this observation until the store would let another
-    candidate take the lease, judged by the store's own expiry rule; 0 when free or expired."""
-
     version: str
-    """Opaque; changes on every write (Kubernetes resourceVersion, a row version, …)."""
+    """Opaque and new on every write (see the module docstring). A record the store only
+    partly remembers (Redis: a term counter without a holder key) has a version of its own."""
+
+    released: bool = False
+    """True when the holder is None because of an explicit release: free at once. A record
+    with no holder that is *not* released (the store lost the holder) is waited out like a
+    held one."""
 
     acquired_at: datetime | None = None
     """Wall-clock time of the grant, for humans only."""
@@ -58,8 +68,8 @@ class LeaseRecord:
 
     @property
     def free(self) -> bool:
-        """True when another candidate may take the lease now."""
-        return self.holder is None or self.expires_in <= 0
+        """True when anyone may take the lease now: it was released."""
+        return self.holder is None and self.released
 
 
 class StoreError(Exception):
@@ -85,12 +95,6 @@ class NotOwned(_WithRecord):
     or no record); nothing was changed. ``record`` is what was found, if known."""
 
 
-class StoreBehind(_WithRecord):
-    """``try_acquire`` found the store's term below ``min_term``: it lost state, and a holder
-    it no longer shows may still be leading. Nothing was written; ``record`` is what it holds
-    (None: nothing)."""
-
-
 class Conflict(_WithRecord):
     """A compare-and-swap lost a race with another writer (Kubernetes 409). The store re-read
     the record; ``record`` is the fresh one, if the re-read succeeded."""
@@ -110,28 +114,30 @@ class LeaseStore(Protocol):
         ...
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
-        """Grant the lease to ``identity`` if it is free, expired, or already ``identity``'s,
-        with ``term = max(stored term, min_term) + 1``. If the stored term is below
-        ``min_term`` and not ``after_reset``, raise `StoreBehind` without writing. Raises
-        `LeaseHeld`, `StoreBehind`, `Conflict` or `StoreUnavailable`."""
+        """Grant the lease to ``identity`` if the store holds exactly the record of version
+        ``expected`` (None: no record at all), with ``term = max(stored term, min_term) + 1``.
+        Otherwise write nothing and raise `LeaseHeld` with the record it holds. Raises
+        `LeaseHeld`, `Conflict` or `StoreUnavailable`."""
         ...
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
-        """Extend the lease by ``duration`` if ``identity`` still holds it with ``term``.
-        Raises `NotOwned`, `Conflict` or `StoreUnavailable`."""
+        """Extend the lease by ``duration`` if ``identity`` still holds it with ``term``; put
+        the grant back if the store lost it (no record, or a lower term). Raises `NotOwned`,
+        `Conflict` or `StoreUnavailable`."""
         ...
 
     async def release(self, identity: str, term: int) -> LeaseRecord | None:
-        """Free the lease (keeping its term) if ``identity`` still holds it with ``term``.
-        Raises `NotOwned`, `Conflict` or `StoreUnavailable`."""
+        """Free the lease (keeping its term; the record says *released*) if ``identity``
+        still holds it with ``term``. Raises `NotOwned`, `Conflict` or `StoreUnavailable`."""
         ...
 
     def watch(self) -> AsyncIterator[LeaseRecord | None]:
-        """Yield the record soon after it changes (at least on every release and every new
-        holder; duplicates and coalescing allowed). Runs until cancelled and reconnects on
-        its own; it never raises `StoreError`."""
+        """Yield the record soon after it changes — on every write, renewals included, so
+        followers see each new version promptly — and once after every (re)connection.
+        Duplicates and coalescing are allowed; every yield means "something may have
+        changed". Runs until cancelled and reconnects on its own; never raises `StoreError`."""
         ...
 
     async def close(self) -> None:

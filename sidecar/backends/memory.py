@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreBehind
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -17,8 +17,8 @@ class _Row:
     holder: str | None
     term: int
     duration: float
-    expires_at: float
-    version: int
+    version: str
+    released: bool
     acquired_at: object
     renewed_at: object
 
@@ -32,9 +32,10 @@ class MemoryLeaseState:
         self._version = 0
         self._changed = asyncio.Event()
 
-    def next_version(self) -> int:
+    def next_version(self) -> str:
+        """New on every write, and never reused, even after `delete`."""
         self._version += 1
-        return self._version
+        return f"m{self._version}"
 
     def notify(self) -> None:
         self._changed.set()
@@ -52,13 +53,12 @@ class MemoryLeaseState:
         row = self.row
         if row is None:
             return None
-        expires_in = max(0.0, row.expires_at - self.clock.now()) if row.holder else 0.0
         return LeaseRecord(
             holder=row.holder,
             term=row.term,
             duration=row.duration,
-            expires_in=expires_in,
-            version=str(row.version),
+            version=row.version,
+            released=row.released,
             acquired_at=row.acquired_at,  # type: ignore[arg-type]
             renewed_at=row.renewed_at,  # type: ignore[arg-type]
         )
@@ -80,57 +80,57 @@ class MemoryLeaseStore:
         return self.state.record()
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
-        state, now = self.state, self.state.clock.now()
+        state = self.state
         row = state.row
-        if row is not None and row.holder not in (None, identity) and row.expires_at > now:
-            raise LeaseHeld(f"held by {row.holder}", state.record())
-        if (row.term if row else 0) < min_term and not after_reset:
-            raise StoreBehind(f"the store's term is below {min_term}", state.record())
+        if (row.version if row is not None else None) != expected:
+            raise LeaseHeld(f"the lease is not at version {expected}", state.record())
         wall = state.clock.wall()
         stored_term = row.term if row is not None else 0
         state.row = _Row(
             holder=identity,
             term=max(stored_term, min_term) + 1,
             duration=duration,
-            expires_at=now + duration,
             version=state.next_version(),
+            released=False,
             acquired_at=wall,
             renewed_at=wall,
         )
-        state.notify()
-        record = state.record()
-        assert record is not None
-        return record
+        return self._changed()
 
-    def _owned_row(self, identity: str, term: int) -> _Row:
-        row = self.state.row
-        if row is None or row.holder != identity or row.term != term:
-            raise NotOwned(f"not held by {identity} with term {term}", self.state.record())
-        return row
-
-    async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
-        row = self._owned_row(identity, term)
-        if row.expires_at <= self.state.clock.now():
-            raise NotOwned("the lease expired before it was renewed", self.state.record())
-        row.expires_at = self.state.clock.now() + duration
-        row.duration = duration
-        row.renewed_at = self.state.clock.wall()
-        row.version = self.state.next_version()
+    def _changed(self) -> LeaseRecord:
+        self.state.notify()
         record = self.state.record()
         assert record is not None
         return record
 
+    async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
+        state = self.state
+        row = state.row
+        wall = state.clock.wall()
+        if row is None or row.term < term:
+            # The store lost our grant: put it back, term and all (see the contract).
+            state.row = _Row(identity, term, duration, state.next_version(), False, wall, wall)
+            return self._changed()
+        if row.holder != identity or row.term != term:
+            raise NotOwned(f"not held by {identity} with term {term}", state.record())
+        row.duration = duration
+        row.renewed_at = wall
+        row.version = state.next_version()
+        return self._changed()
+
     async def release(self, identity: str, term: int) -> LeaseRecord | None:
-        row = self._owned_row(identity, term)
+        row = self.state.row
+        if row is None or row.holder != identity or row.term != term:
+            raise NotOwned(f"not held by {identity} with term {term}", self.state.record())
         row.holder = None
-        row.expires_at = 0.0
+        row.released = True
         row.version = self.state.next_version()
-        self.state.notify()
-        return self.state.record()
+        return self._changed()
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:
+        yield self.state.record()
         while True:
             await self.state.wait_changed()
             yield self.state.record()

@@ -1,10 +1,11 @@
 """The embedded store: one SQLite file shared by every sidecar on one host.
 
-Expiry is judged on the host's ``CLOCK_BOOTTIME``, which every process on the host shares and
-which keeps counting through suspend (rule 2: one host, one clock). The file also records the
-kernel's boot id, so a lease written before a reboot counts as expired after it instead of
-staying stuck until the new boot's clock catches up. Single-host only: never put the file on a
-network filesystem.
+The store only reports and writes conditionally; expiry is observed by each sidecar on its own
+monotonic clock (rule 2, `sidecar.observed`), so neither the host's clocks nor time namespaces
+(``unshare --time``, checkpoint/restore) can grant a lease. Every write sets a new random
+``version``, which is what the observers compare. ``expires_at``/``boot_id`` are still written
+(``CLOCK_BOOTTIME`` + lease, for earlier versions of the sidecar sharing the file during an
+upgrade) but never read. Single-host only: never put the file on a network filesystem.
 
 Each mutation is one conditional statement inside one ``BEGIN IMMEDIATE`` transaction, so
 concurrent processes serialise on SQLite's write lock and the condition is evaluated under it.
@@ -26,7 +27,6 @@ from sidecar.backends.base import (
     LeaseHeld,
     LeaseRecord,
     NotOwned,
-    StoreBehind,
     StoreUnavailable,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -47,59 +47,75 @@ CREATE TABLE IF NOT EXISTS leases (
 )
 """
 
-_COLUMNS = (
-    "holder, term, duration, max(expires_at - boottime(), 0), version, acquired_at, renewed_at"
-)
+_COLUMNS = "holder, term, duration, version, acquired_at, renewed_at"
 
-# Grant if free, expired (on this boot's clock, or written on an earlier boot) or already ours;
-# the new term is max(stored, caller's high-water mark) + 1.
+# A new version on every write: random, so a version never comes back even after the row was
+# deleted and written again (an increment would restart at 1).
+_NEW_VERSION = "abs(random())"
+
+# Grant: the caller names the version it observed (rule 2); the statement re-checks it under
+# the write lock. The new term is max(stored, caller's floor) + 1.
 _ACQUIRE = f"""
 INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
                     acquired_at, renewed_at)
-VALUES (:name, :holder, :min_term + 1, :duration, boottime() + :duration, :boot_id, 1,
-        :wall, :wall)
+VALUES (:name, :holder, :min_term + 1, :duration, boottime() + :duration, :boot_id,
+        {_NEW_VERSION}, :wall, :wall)
 ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder,
     term = max(leases.term, :min_term) + 1,
     duration = excluded.duration,
     expires_at = excluded.expires_at,
     boot_id = excluded.boot_id,
-    version = leases.version + 1,
+    version = excluded.version,
     acquired_at = excluded.acquired_at,
     renewed_at = excluded.renewed_at
-WHERE leases.holder IS NULL
-   OR leases.holder = :holder
-   OR leases.boot_id != :boot_id
-   OR leases.expires_at <= boottime()
+WHERE leases.version = :expected
 RETURNING {_COLUMNS}
 """
 
-# Extend only our own, unexpired grant of this term.
+# Extend only our own grant of this term.
 _RENEW = f"""
 UPDATE leases
-SET expires_at = boottime() + :duration, duration = :duration, version = version + 1,
-    renewed_at = :wall
+SET expires_at = boottime() + :duration, duration = :duration, version = {_NEW_VERSION},
+    boot_id = :boot_id, renewed_at = :wall
 WHERE name = :name AND holder = :holder AND term = :term
-  AND boot_id = :boot_id AND expires_at > boottime()
 RETURNING {_COLUMNS}
 """
 
-# Free only our own grant of this term; the term stays so it can never go back.
+# The row is gone, or rewound to an older term (a file restored from a backup): put our grant
+# back. Only ever run after reading, under the same write lock, that this is the case.
+_RESTORE = f"""
+INSERT OR REPLACE INTO leases (name, holder, term, duration, expires_at, boot_id, version,
+                               acquired_at, renewed_at)
+VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id, {_NEW_VERSION},
+        :wall, :wall)
+RETURNING {_COLUMNS}
+"""
+
+# Free only our own grant of this term; the term stays so it can never go back. A NULL holder
+# is only ever written here, so it always means "released".
 _RELEASE = f"""
 UPDATE leases
-SET holder = NULL, expires_at = 0, version = version + 1
+SET holder = NULL, expires_at = 0, version = {_NEW_VERSION}
 WHERE name = :name AND holder = :holder AND term = :term
 RETURNING {_COLUMNS}
 """
 
-_READ = f"SELECT {_COLUMNS}, boot_id FROM leases WHERE name = :name"
+_READ = f"SELECT {_COLUMNS} FROM leases WHERE name = :name"
 
 
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:  # not Linux: there is no reboot detection, the clock alone decides
+    except OSError:  # not Linux; only earlier versions of the sidecar read it
         return "unknown"
+
+
+def _stored_version(version: str | None) -> int | str | None:
+    """Versions are integers in the file; compare like with like."""
+    if version is not None and version.lstrip("-").isdigit():
+        return int(version)
+    return version
 
 
 def _wall(value: str | None) -> datetime | None:
@@ -183,15 +199,13 @@ class SQLiteLeaseStore:
     def _record(self, row: tuple[Any, ...] | None) -> LeaseRecord | None:
         if row is None:
             return None
-        holder, term, duration, expires_in, version, acquired, renewed = row[:7]
-        if len(row) > 7 and row[7] != self._boot_id:
-            expires_in = 0.0  # written before the last reboot
+        holder, term, duration, version, acquired, renewed = row
         return LeaseRecord(
             holder=holder,
             term=int(term),
             duration=float(duration),
-            expires_in=float(expires_in) if holder is not None else 0.0,
             version=str(version),
+            released=holder is None,  # a NULL holder is only ever written by a release
             acquired_at=_wall(acquired),
             renewed_at=_wall(renewed),
         )
@@ -219,49 +233,55 @@ class SQLiteLeaseStore:
         )
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
         params = self._params(
             holder=identity,
             duration=duration,
             min_term=min_term,
+            expected=_stored_version(expected),
             wall=self._clock.wall().isoformat(),
         )
 
-        def acquire(
-            conn: sqlite3.Connection,
-        ) -> tuple[LeaseRecord | None, LeaseRecord | None, bool]:
-            # Under the write lock, the look and the write are one atomic step.
+        def acquire(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 current = self._record(conn.execute(_READ, params).fetchone())
-                held = (
-                    current is not None
-                    and current.holder not in (None, identity)
-                    and current.expires_in > 0
-                )
-                behind = (current.term if current else 0) < min_term and not after_reset
                 written = None
-                if not (behind or held):  # the statement re-checks "free or expired" itself
+                if (current.version if current else None) == expected:
                     written = self._record(conn.execute(_ACQUIRE, params).fetchone())
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            return written, current, behind and not held
+            return written, current
 
-        written, current, behind = await self._run(acquire)
+        written, current = await self._run(acquire)
         if written is not None:
             return written
-        if behind:
-            raise StoreBehind(f"the store's term is below {min_term}: it lost state", current)
-        raise LeaseHeld(f"held by {current.holder if current else None}", current)
+        raise LeaseHeld(f"the lease is not at version {expected}", current)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
         params = self._params(
             holder=identity, term=term, duration=duration, wall=self._clock.wall().isoformat()
         )
-        written, current = await self._run(lambda conn: self._write(conn, _RENEW, params))
+
+        def renew(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                written = self._record(conn.execute(_RENEW, params).fetchone())
+                current = None
+                if written is None:
+                    current = self._record(conn.execute(_READ, params).fetchone())
+                    if current is None or current.term < term:  # the store lost our grant
+                        written = self._record(conn.execute(_RESTORE, params).fetchone())
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return written, current
+
+        written, current = await self._run(renew)
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written
@@ -274,8 +294,9 @@ class SQLiteLeaseStore:
         return written
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:
-        """Poll ``PRAGMA data_version``, which changes when another connection commits: a
-        microsecond local read, so a release is seen within one interval."""
+        """Yield the record now, then poll ``PRAGMA data_version``, which changes when another
+        connection commits: a microsecond local read, so every write is seen within one
+        interval."""
         seen: int | None = None
         while True:
             try:
@@ -283,7 +304,7 @@ class SQLiteLeaseStore:
             except StoreUnavailable:
                 await asyncio.sleep(self._watch_interval * 10)
                 continue
-            if seen is not None and version != seen:
+            if version != seen:
                 yield record
             seen = version
             await asyncio.sleep(self._watch_interval)

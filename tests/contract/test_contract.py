@@ -13,18 +13,27 @@ from sidecar.backends.base import (
     LeaseRecord,
     LeaseStore,
     NotOwned,
-    StoreBehind,
     StoreError,
 )
 from tests.contract.harness import StoreHarness
 
-LEASE = 30.0  # long enough never to expire by accident during a test
-SHORT = 0.5  # for the tests that wait for expiry
+LEASE = 30.0
+
+
+async def take(
+    store: LeaseStore, identity: str, min_term: int = 0, duration: float = LEASE
+) -> LeaseRecord:
+    """Acquire naming exactly what the store holds now (as a candidate that has watched it
+    expire, or seen it released, would)."""
+    current = await store.read()
+    return await store.try_acquire(
+        identity, duration, min_term, expected=current.version if current else None
+    )
 
 
 async def acquire_or_none(store: LeaseStore, identity: str) -> LeaseRecord | None:
     try:
-        return await store.try_acquire(identity, LEASE, 0)
+        return await store.try_acquire(identity, LEASE, 0, expected=None)
     except (LeaseHeld, Conflict):
         return None
 
@@ -43,26 +52,41 @@ async def test_fifty_concurrent_acquirers_produce_exactly_one_winner(harness: St
     assert current.term == winners[0].term == 1
 
 
-async def test_a_held_lease_refuses_another_candidate_and_says_who_holds_it(
+async def test_a_candidate_naming_an_old_version_is_refused_and_told_what_is_there(
     harness: StoreHarness,
 ) -> None:
-    """A second candidate gets LeaseHeld with the holder's record; nothing changes."""
+    """The store grants only over exactly the version the caller names; otherwise LeaseHeld
+    with the current record, and nothing changes (rules 1 and 2)."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
-    with pytest.raises(LeaseHeld) as held:
-        await b.try_acquire("b_1", LEASE, 0)
-    assert held.value.record is not None
-    assert held.value.record.holder == "a_1"
-    assert held.value.record.expires_in > 0
+    granted = await take(a, "a_1")
+    renewed = await a.renew("a_1", granted.term, LEASE)
+    for stale in (None, granted.version):
+        with pytest.raises((LeaseHeld, Conflict)) as held:
+            await b.try_acquire("b_1", LEASE, 0, expected=stale)
+        assert held.value.record is not None
+        assert held.value.record.holder == "a_1"
     after = await b.read()
     assert after is not None
-    assert (after.holder, after.term, after.version) == ("a_1", granted.term, granted.version)
+    assert (after.holder, after.term, after.version) == ("a_1", granted.term, renewed.version)
+
+
+async def test_a_version_watched_unchanged_is_taken_with_the_next_term(
+    harness: StoreHarness,
+) -> None:
+    """Naming the holder's current version (which a follower has watched unchanged for a
+    lease) grants the next term; the old holder can no longer renew."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    taken = await take(b, "b_1")
+    assert (taken.holder, taken.term) == ("b_1", granted.term + 1)
+    with pytest.raises(NotOwned):
+        await a.renew("a_1", granted.term, LEASE)
 
 
 async def test_renew_by_a_non_owner_changes_nothing_and_says_so(harness: StoreHarness) -> None:
     """Renewing someone else's lease raises NotOwned and leaves the record as it was."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     with pytest.raises(NotOwned) as refused:
         await b.renew("b_1", granted.term, LEASE)
     assert refused.value.record is not None
@@ -75,7 +99,7 @@ async def test_renew_by_a_non_owner_changes_nothing_and_says_so(harness: StoreHa
 async def test_renew_with_a_stale_term_changes_nothing(harness: StoreHarness) -> None:
     """The holder's identity alone is not enough: the term must match too."""
     a = harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     with pytest.raises(NotOwned):
         await a.renew("a_1", granted.term - 1, LEASE)
     after = await a.read()
@@ -86,57 +110,52 @@ async def test_renew_with_a_stale_term_changes_nothing(harness: StoreHarness) ->
 async def test_release_by_a_non_owner_changes_nothing_and_says_so(harness: StoreHarness) -> None:
     """Releasing someone else's lease raises NotOwned; the holder keeps it."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     with pytest.raises(NotOwned):
         await b.release("b_1", granted.term)
     after = await b.read()
     assert after is not None
     assert (after.holder, after.term) == ("a_1", granted.term)
     assert not after.free
+    assert not after.released
 
 
 async def test_the_owner_renews_and_keeps_its_term(harness: StoreHarness) -> None:
     """A renewal extends the grant without a new term; the version changes."""
     a = harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     renewed = await a.renew("a_1", granted.term, LEASE)
     assert renewed.holder == "a_1"
     assert renewed.term == granted.term
     assert renewed.version != granted.version
-    assert renewed.expires_in > LEASE / 2
 
 
-async def test_an_expired_lease_is_taken_by_another_with_the_next_term(
-    harness: StoreHarness,
-) -> None:
-    """Not before it expires; after it expires, another candidate gets term + 1."""
-    a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", SHORT, 0)
-    started = time.monotonic()
-    with pytest.raises(LeaseHeld):
-        await b.try_acquire("b_1", SHORT, 0)
-    taken = None
-    deadline = started + SHORT + 5.0
-    while taken is None and time.monotonic() < deadline:
-        try:
-            taken = await b.try_acquire("b_1", SHORT, 0)
-        except (LeaseHeld, Conflict):
-            await asyncio.sleep(0.05)
-    assert taken is not None, "the expired lease was never granted to another candidate"
-    assert time.monotonic() - started >= SHORT * 0.9
-    assert taken.holder == "b_1"
-    assert taken.term == granted.term + 1
-    with pytest.raises(NotOwned):
-        await a.renew("a_1", granted.term, SHORT)
+async def test_versions_are_never_reused(harness: StoreHarness) -> None:
+    """Every write has a version no earlier write had, also after the record was deleted and
+    written again: "the same version" must mean "nothing was written in between"."""
+    a = harness.new_store()
+    seen = []
+    for _ in range(3):
+        granted = await take(a, "a_1")
+        seen.append(granted.version)
+        renewed = await a.renew("a_1", granted.term, LEASE)
+        seen.append(renewed.version)
+        await harness.reset()
+    assert len(set(seen)) == len(seen)
 
 
 async def test_a_release_lets_another_acquire_at_once(harness: StoreHarness) -> None:
     """Released means free now, with the term kept, not free after the lease runs out."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     released = await a.release("a_1", granted.term)
-    assert released is None or (released.holder is None and released.term == granted.term)
-    taken = await b.try_acquire("b_1", LEASE, 0)
+    assert released is not None
+    assert (released.holder, released.term, released.released) == (None, granted.term, True)
+    assert released.free
+    read = await b.read()
+    assert read is not None
+    assert read.free
+    taken = await b.try_acquire("b_1", LEASE, 0, expected=read.version)
     assert taken.holder == "b_1"
     assert taken.term == granted.term + 1
 
@@ -148,7 +167,7 @@ async def test_the_term_grows_with_every_grant(harness: StoreHarness) -> None:
     for round_ in range(6):
         store = stores[round_ % 3]
         identity = f"r{round_ % 3}_1"
-        granted = await store.try_acquire(identity, LEASE, 0)
+        granted = await take(store, identity)
         terms.append(granted.term)
         await store.release(identity, granted.term)
     assert terms == sorted(terms)
@@ -158,67 +177,78 @@ async def test_the_term_grows_with_every_grant(harness: StoreHarness) -> None:
 async def test_the_holder_acquiring_again_gets_a_new_term(harness: StoreHarness) -> None:
     """Re-acquiring one's own lease is a new grant: a new fencing token."""
     a = harness.new_store()
-    first = await a.try_acquire("a_1", LEASE, 0)
-    again = await a.try_acquire("a_1", LEASE, 0)
+    first = await take(a, "a_1")
+    again = await take(a, "a_1")
     assert again.holder == "a_1"
     assert again.term == first.term + 1
 
 
-async def test_the_term_never_decreases_after_the_stored_record_is_deleted(
+async def test_after_a_reset_a_grant_is_above_the_callers_floor(
     harness: StoreHarness,
 ) -> None:
-    """A reset store is behind the terms candidates have seen: it refuses, writing nothing,
-    until the candidate has waited a lease and says so; then it grants above every term seen."""
+    """A reset store forgot its term: the caller's floor (every term it has seen, plus the jump
+    after a loss) decides the next term, so it never goes back (rule 5)."""
     a, b = harness.new_store(), harness.new_store()
     granted = None
     for _ in range(3):
-        granted = await a.try_acquire("a_1", LEASE, 0)
+        granted = await take(a, "a_1")
         await a.release("a_1", granted.term)
     assert granted is not None
     await harness.reset()
     assert await b.read() is None
-    with pytest.raises(StoreBehind):
-        await b.try_acquire("b_1", LEASE, granted.term)
-    assert await b.read() is None, "a refused grant must write nothing"
-    taken = await b.try_acquire("b_1", LEASE, granted.term, after_reset=True)
+    taken = await b.try_acquire("b_1", LEASE, granted.term + 1000, expected=None)
     assert taken.holder == "b_1"
-    assert taken.term == granted.term + 1
+    assert taken.term == granted.term + 1001
 
 
-async def test_a_held_lease_is_reported_held_even_to_a_candidate_with_a_higher_floor(
-    harness: StoreHarness,
-) -> None:
-    """'Behind' is only about a free lease: a live holder is reported as such."""
+async def test_a_holder_the_store_forgot_puts_its_grant_back(harness: StoreHarness) -> None:
+    """Renewing a grant the store lost (reset) writes it back with the same holder and term,
+    and the store's own term follows: the next grant is above it."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
-    with pytest.raises(LeaseHeld):
-        await b.try_acquire("b_1", LEASE, granted.term + 5)
-    with pytest.raises(LeaseHeld):
-        await b.try_acquire("b_1", LEASE, granted.term + 5, after_reset=True)
-
-
-async def test_a_floor_equal_to_the_stored_term_is_not_behind(harness: StoreHarness) -> None:
-    """The usual case: a candidate's floor is the term it last saw, which the store has."""
-    a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    for _ in range(2):
+        first = await take(a, "a_1")
+        await a.release("a_1", first.term)
+    granted = await take(a, "a_1")
+    await harness.reset()
+    restored = await a.renew("a_1", granted.term, LEASE)
+    assert (restored.holder, restored.term) == ("a_1", granted.term)
+    current = await b.read()
+    assert current is not None
+    assert (current.holder, current.term) == ("a_1", granted.term)
     await a.release("a_1", granted.term)
-    taken = await b.try_acquire("b_1", LEASE, granted.term)
+    taken = await take(b, "b_1")
     assert taken.term == granted.term + 1
+
+
+async def test_a_renewal_never_overwrites_a_later_grant(harness: StoreHarness) -> None:
+    """Putting a grant back is only for a store that lost it: a later grant, or a release of
+    our own grant, is never overwritten."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    await a.release("a_1", granted.term)
+    with pytest.raises(NotOwned):
+        await a.renew("a_1", granted.term, LEASE)
+    later = await take(b, "b_1")
+    with pytest.raises(NotOwned):
+        await a.renew("a_1", granted.term, LEASE)
+    current = await b.read()
+    assert current is not None
+    assert (current.holder, current.term) == ("b_1", later.term)
 
 
 async def test_min_term_below_the_stored_term_does_not_lower_it(harness: StoreHarness) -> None:
     """The store's own term counts too: the grant is above both."""
     a = harness.new_store()
-    first = await a.try_acquire("a_1", LEASE, 0)
+    first = await take(a, "a_1")
     await a.release("a_1", first.term)
-    second = await a.try_acquire("a_1", LEASE, 0)
+    second = await take(a, "a_1")
     assert second.term == first.term + 1
 
 
 async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> None:
     """A follower's watch sees the lease become free within a second."""
     a, b = harness.new_store(), harness.new_store()
-    granted = await a.try_acquire("a_1", LEASE, 0)
+    granted = await take(a, "a_1")
     seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
 
     async def follow() -> None:
@@ -227,13 +257,15 @@ async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> No
 
     watcher = asyncio.create_task(follow())
     try:
-        await asyncio.sleep(0.3)  # let the watch connect
+        first = await asyncio.wait_for(seen.get(), timeout=5.0)  # connected: the current record
+        assert first is not None
+        assert first.holder == "a_1"
         await a.release("a_1", granted.term)
         released_at = time.monotonic()
         while True:
             remaining = released_at + 1.0 - time.monotonic()
             record = await asyncio.wait_for(seen.get(), timeout=max(remaining, 0.01))
-            if record is None or record.free:
+            if record is not None and record.free:
                 break
         assert time.monotonic() - released_at < 1.0
     finally:
@@ -244,9 +276,34 @@ async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> No
 async def test_every_failure_is_a_store_error(harness: StoreHarness) -> None:
     """The elector relies on one exception family; nothing else may escape."""
     a = harness.new_store()
+    granted = await take(a, "a_1")
     for call in (
-        lambda: a.renew("nobody_1", 1, LEASE),
-        lambda: a.release("nobody_1", 1),
+        lambda: a.renew("nobody_1", granted.term, LEASE),
+        lambda: a.release("nobody_1", granted.term),
+        lambda: a.try_acquire("nobody_1", LEASE, 0, expected="no-such-version"),
     ):
         with pytest.raises(StoreError):
             await call()
+
+
+async def test_the_watch_reports_every_renewal(harness: StoreHarness) -> None:
+    """Followers time expiry by versions, so they must see each new one promptly."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+
+    async def follow() -> None:
+        async for record in b.watch():
+            await seen.put(record)
+
+    watcher = asyncio.create_task(follow())
+    try:
+        await asyncio.wait_for(seen.get(), timeout=5.0)
+        renewed = await a.renew("a_1", granted.term, LEASE)
+        while True:
+            record = await asyncio.wait_for(seen.get(), timeout=1.0)
+            if record is not None and record.version == renewed.version:
+                break
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)

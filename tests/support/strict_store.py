@@ -51,10 +51,10 @@ class StrictStore(MemoryLeaseStore):
         return answer
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
         self._enter("acquire")
-        answer = await super().try_acquire(identity, duration, min_term, after_reset=after_reset)
+        answer = await super().try_acquire(identity, duration, min_term, expected=expected)
         self._answer("acquire")
         return answer
 

@@ -234,6 +234,8 @@ async def test_readyz_fails_when_the_store_stops_answering_for_a_lease(pair: Pai
         assert isinstance(b.store, StrictStore)
         b.store.fail_always("acquire", StoreUnavailable("down"))
         b._last_store_answer -= TIMING.lease_duration + 0.1  # as if a lease had passed
+        await a.release()  # so b tries the store at once
+        b.on_watch(await a.store.read())
         await b.step()
         response = await client.get("/readyz")
         assert response.status == 503

@@ -15,6 +15,7 @@ from sidecar.backends.memory import MemoryLeaseState
 from sidecar.config import Timing, load
 from sidecar.elector import Elector, Role, Transition
 from sidecar.metrics import Metrics
+from sidecar.observed import LOSS_TERM_GAP
 from tests.support.clock import FakeClock
 from tests.support.strict_store import StrictStore
 
@@ -49,7 +50,7 @@ class World:
         row = self.state.row
         assert row is not None
         row.holder, row.term = holder, row.term + 1
-        row.expires_at = self.clock.now() + TIMING.lease_duration
+        row.version = self.state.next_version()
 
 
 @pytest.fixture
@@ -89,15 +90,34 @@ async def test_a_lone_candidate_becomes_leader_with_term_one(world: World) -> No
 
 
 async def test_a_follower_schedules_its_next_attempt_at_the_observed_expiry(world: World) -> None:
-    """Not a fixed poll: the next attempt is when the holder's lease would run out."""
+    """Not a fixed poll, and not the store's idea of expiry: the next attempt is one lease
+    after this follower first saw the holder's current version (rule 2)."""
     a, b = world.elector("a"), world.elector("b")
     await a.step()
     world.clock.advance(4.0)
     delay = await b.step()
     assert not b.status().leader
     assert b.status().holder == "a_0000"
-    assert 6.0 <= delay <= 6.0 + 0.1
+    assert TIMING.lease_duration <= delay <= TIMING.lease_duration + 0.1
     assert store_of(b).calls == {"acquire": 1}
+
+
+async def test_a_new_version_restarts_the_followers_count(world: World) -> None:
+    """Each renewal is a new version: a follower that sees it waits a lease from then."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()  # renewed: a new version
+    b.on_watch(world.state.record())
+    world.clock.advance(TIMING.lease_duration - 0.5)  # past the first version's expiry
+    await b.step()
+    assert not b.status().leader
+    assert store_of(b).calls["acquire"] == 1, "b must not even try before the observed expiry"
+    world.clock.advance(0.5)
+    await b.step()
+    assert b.status().leader, "a stopped renewing a lease ago: b takes over"
+    assert b.status().term == 2
 
 
 async def test_the_leader_renews_every_interval_and_keeps_its_term(world: World) -> None:
@@ -151,7 +171,6 @@ async def test_a_leader_cut_off_from_the_store_demotes_at_its_deadline(world: Wo
     # The store still holds a's lease at this moment: a stepped down first.
     assert world.state.row is not None
     assert world.state.row.holder == "a_0000"
-    assert world.state.row.expires_at > world.clock.now()
     await b.step()
     assert not b.status().leader
 
@@ -216,8 +235,10 @@ async def test_leadership_is_judged_at_the_moment_of_asking(world: World) -> Non
 # -- rule 5: the term never goes back ----------------------------------------------------------
 
 
-async def test_a_reset_store_cannot_rewind_the_term(world: World) -> None:
-    """The highest term seen is the floor of the next grant, even after the record is gone."""
+async def test_a_leader_whose_record_the_store_lost_puts_it_back(world: World) -> None:
+    """The store forgot the grant (restart without persistence, deleted record): the leader's
+    next renewal writes it back with its own term, so the term stays used (rule 5) and the
+    others keep seeing a holder."""
     a, b = world.elector("a"), world.elector("b")
     for _ in range(3):
         await a.step()
@@ -228,27 +249,41 @@ async def test_a_reset_store_cannot_rewind_the_term(world: World) -> None:
     await b.step()  # b observes term 4
     world.state.delete()
     world.clock.advance(TIMING.renew_interval)
-    await a.step()  # a's renewal finds no record: lost
-    assert not a.status().leader
-    await b.step()  # b sees the store behind its term 4: it waits a lease
-    assert not b.status().leader
-    world.clock.advance(TIMING.lease_duration)
-    await b.step()
-    assert b.status().leader
-    assert b.status().term == 5
+    await a.step()  # a's renewal finds no record: it puts its grant back
+    assert a.status().leader
+    assert a.status().term == 4
+    assert world.state.row is not None
+    assert (world.state.row.holder, world.state.row.term) == ("a_0000", 4)
+    assert demotions(a, "lost") is None or demotions(a, "lost") == 0
+
+
+async def test_a_leader_that_sees_its_record_gone_renews_at_once(world: World) -> None:
+    """Told by the watch that the store lost its grant, the leader does not wait for its next
+    renewal: it renews (and so restores) now."""
+    a = world.elector("a")
+    await a.step()
+    world.state.delete()
+    a.on_watch(None)
+    assert a.status().leader
+    assert a._next_attempt <= world.clock.now()
+    await a.step()
+    assert world.state.row is not None
+    assert world.state.row.holder == "a_0000"
 
 
 async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_stopped(
     world: World,
 ) -> None:
     """A store that lost its record cannot show the holder, which may still lead until its
-    own deadline: candidates wait one lease from when they first see the loss."""
+    own deadline: candidates wait one lease from when they first see the loss, then grant a
+    term far above every term seen (a grant the store forgot may have used the next one)."""
     a, b = world.elector("a"), world.elector("b")
     await a.step()
     await b.step()  # b has seen term 1
-    world.state.delete()  # e.g. Redis restarted without persistence
+    world.state.delete()  # e.g. Redis restarted without persistence; a is partitioned
     reset_seen = world.clock.now() + 0.1
     world.clock.advance(0.1)
+    b.on_watch(None)  # the watch reports the loss
     delay = await b.step()
     assert not b.status().leader
     assert delay >= TIMING.lease_duration
@@ -262,8 +297,126 @@ async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_s
     assert not a.status().leader  # a's own deadline came first
     await b.step()
     assert b.status().leader
-    assert b.status().term == 2
-    assert sample(b, "leader_sidecar_store_requests_total", op="acquire", outcome="behind")
+    assert b.status().term == 1 + LOSS_TERM_GAP + 1
+
+
+async def test_case1_a_second_loss_is_waited_out_on_its_own(world: World) -> None:
+    """Issue 9, case 1: two losses in a row. The wait for the first must not cover the
+    second, whose forgotten holder (b, granted after the first) is inside its deadline."""
+    a, b, c = world.elector("a"), world.elector("b"), world.elector("c")
+    await a.step()
+    await b.step()
+    await c.step()
+    world.state.delete()  # loss 1; a is cut off from now on
+    b.on_watch(None)
+    c.on_watch(None)
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()
+    assert b.status().leader  # loss 1 waited out
+    c.on_watch(world.state.record())  # c sees b's grant
+    world.clock.advance(1.0)
+    world.state.delete()  # loss 2: b is partitioned from now on, and leads until its deadline
+    c.on_watch(None)
+    second_loss = world.clock.now()
+    while world.clock.now() < second_loss + TIMING.lease_duration - 0.5:
+        world.clock.advance(0.5)
+        await c.step()
+        assert not (c.status().leader and b.status().leader), "two leaders at once"
+        assert not c.status().leader, "the second loss was not waited out"
+    world.clock.advance(1.0)
+    await c.step()
+    assert c.status().leader
+    assert c.status().term > b.status().term
+
+
+async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: World) -> None:
+    """Two losses, and the grant between them never reached c (its watch only said "the
+    store changed, and holds nothing"): c waits anew and takes a term above b's."""
+    a, b, c = world.elector("a"), world.elector("b"), world.elector("c")
+    await a.step()
+    await b.step()
+    await c.step()
+    world.state.delete()
+    b.on_watch(None)
+    c.on_watch(None)
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()
+    assert b.status().leader
+    b_term = b.status().term
+    world.state.delete()  # before c saw b's grant
+    c.on_watch(None)
+    second_loss = world.clock.now()
+    world.clock.advance(TIMING.lease_duration - 0.1)
+    await c.step()
+    assert not c.status().leader
+    world.clock.advance(second_loss + TIMING.lease_duration + 0.1 - world.clock.now())
+    await c.step()
+    assert c.status().leader
+    assert c.status().term > b_term
+
+
+async def test_case2_a_grant_the_store_forgot_is_never_granted_again(world: World) -> None:
+    """Issue 9, case 2: c was granted term 2, b never saw it, then the store lost it. b's
+    grant after the loss must not be term 2 (a fence would accept both)."""
+    a, b, c = world.elector("a"), world.elector("b"), world.elector("c")
+    await a.step()
+    await b.step()  # b saw term 1
+    await a.release()
+    await c.step()
+    await c.step()
+    assert c.status().leader
+    assert c.status().term == 2
+    world.state.delete()  # c is partitioned: it cannot put its grant back
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()  # a's record would have expired: b finds the loss instead, and waits
+    assert not b.status().leader
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()
+    assert b.status().leader
+    assert b.status().term != 2
+    assert b.status().term > 2
+
+
+async def test_case3_a_grant_to_another_at_our_own_term_stops_us_at_once(world: World) -> None:
+    """Issue 9, case 3: the watch shows our term held by someone else (a term granted twice,
+    which must never happen, but if it does): stop at once, not at the next renewal."""
+    a = world.elector("a")
+    await a.step()
+    term = a.status().term
+    row = world.state.row
+    assert row is not None
+    row.holder, row.version = "x_9999", world.state.next_version()  # same term, other holder
+    a.on_watch(world.state.record())
+    assert not a.status().leader
+    assert demotions(a, "lost") == 1
+    assert world.state.record() is not None
+    assert world.state.record().term == term
+
+
+async def test_case6_a_late_renewal_naming_us_is_taken_back_at_once(world: World) -> None:
+    """Issue 9, case 6: we demoted at our deadline; the store then applied our late renewal
+    and shows us as holder. We take it back at once under a new term, instead of everyone
+    waiting a lease for a record nobody renews."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    store_of(a).fail_always("renew", StoreUnavailable("frozen"))
+    store_of(a).fail_always("acquire", StoreUnavailable("frozen"))
+    world.clock.advance(TIMING.lease_duration - MARGIN)
+    await a.step()
+    assert not a.status().leader
+    assert demotions(a, "deadline") == 1
+    store_of(a).heal()
+    row = world.state.row
+    assert row is not None
+    row.version = world.state.next_version()  # the late renewal lands
+    a.on_watch(world.state.record())
+    b.on_watch(world.state.record())
+    await a.step()
+    assert a.status().leader
+    assert a.status().term == 2
+    await b.step()
+    assert not b.status().leader
 
 
 async def test_a_grant_whose_term_is_not_above_every_term_seen_is_refused(world: World) -> None:
@@ -271,9 +424,9 @@ async def test_a_grant_whose_term_is_not_above_every_term_seen_is_refused(world:
 
     class ForgetfulStore(StrictStore):
         async def try_acquire(
-            self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+            self, identity: str, duration: float, min_term: int, *, expected: str | None
         ) -> LeaseRecord:
-            return await super().try_acquire(identity, duration, 0, after_reset=True)
+            return await super().try_acquire(identity, duration, 0, expected=expected)
 
     a = world.elector("a")
     await a.step()

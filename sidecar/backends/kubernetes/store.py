@@ -16,20 +16,19 @@ Compare-and-swap everywhere, on the resourceVersion this process last observed:
 A 409 is never retried blindly: the store re-reads and reports what it found (`Conflict`, or
 `NotOwned` when the lease is no longer ours).
 
-The watch reports a deleted Lease as free at its last term (not as "no record"): nobody holds
-it any more, so a leader stops at once, and the term carries on in every replica's
-high-water mark, so the Lease is re-created with the next term.
+A deleted Lease is "no record": to the followers a store that lost state (waited out a full
+lease, then re-created above every term seen), to its holder a grant to put back — its next
+renewal creates the Lease again with its own name and term.
 
-Expiry is observe-based (DESIGN rule 2), as client-go does it: a candidate treats the Lease
-as expired only after *this process* has seen the same resourceVersion unchanged for
-``leaseDurationSeconds`` on its own monotonic clock. ``renewTime`` is never trusted, so clock
-skew between hosts cannot shorten a lease; a process that has just started waits a full lease.
+Expiry is observed by the elector (DESIGN rule 2, `sidecar.observed`), as client-go does it:
+the Lease counts as expired only after *this process* has seen the same resourceVersion
+unchanged for ``leaseDurationSeconds`` on its own monotonic clock; the acquire that follows
+is a PUT conditional on that very resourceVersion. ``renewTime`` is never trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import math
@@ -42,7 +41,6 @@ from sidecar.backends.base import (
     LeaseHeld,
     LeaseRecord,
     NotOwned,
-    StoreBehind,
     StoreUnavailable,
 )
 from sidecar.backends.kubernetes.client import CallError, KubeApi, MicroTime
@@ -92,11 +90,8 @@ class KubernetesLeaseStore:
         self.watch_timeout = watch_timeout
         self._clock = clock
         self._rng = rng or random.Random()
-        # What this process last saw of the Lease, and since when (monotonic) it has seen that
-        # very resourceVersion: the whole basis of expiry (rule 2).
+        # What this process last saw of the Lease: the body a conditional write starts from.
         self._lease: Any = None
-        self._seen_version: str | None = None
-        self._seen_at = 0.0
         self.uid: str | None = None
         # The last holder seen in any observation, and who held the lease before our latest
         # grant: the demotion actions relabel that pod, even when it released the lease first.
@@ -111,51 +106,34 @@ class KubernetesLeaseStore:
 
     def _observe(self, lease: Any) -> LeaseRecord | None:
         """Remember ``lease`` (None: it does not exist) and turn it into a record."""
-        now = self._clock.now()
         if lease is None:
             self._lease = None
-            self._seen_version = None
             return None
         version = str(lease.metadata.resource_version)
-        if self._lease is not None and not _newer(version, self._seen_version):
-            return self._record(lease, now)  # a late watch event: keep the fresher state
-        if version != self._seen_version:
-            self._seen_version = version
-            self._seen_at = now
+        if self._lease is not None and not _newer(
+            version, str(self._lease.metadata.resource_version)
+        ):
+            return self._record(lease)  # a late watch event: keep the fresher state
         self._lease = lease
         self.uid = lease.metadata.uid or self.uid
-        record = self._record(lease, now)
+        record = self._record(lease)
         self.last_holder = record.holder or self.last_holder
         return record
 
-    def _record(self, lease: Any, now: float) -> LeaseRecord:
+    def _record(self, lease: Any) -> LeaseRecord:
         spec = lease.spec
         holder = (spec.holder_identity if spec else None) or None
         seconds = spec.lease_duration_seconds if spec else None
         duration = float(seconds) if seconds and seconds > 0 else self.default_duration
-        if holder is None:
-            expires_in = 0.0
-        elif str(lease.metadata.resource_version) == self._seen_version:
-            expires_in = max(0.0, self._seen_at + duration - now)
-        else:
-            expires_in = duration  # just seen for the first time
         return LeaseRecord(
             holder=holder,
             term=int((spec.lease_transitions if spec else None) or 0),
             duration=duration,
-            expires_in=expires_in,
             version=str(lease.metadata.resource_version),
+            released=holder is None,  # an empty holderIdentity: released (or never held)
             acquired_at=spec.acquire_time if spec else None,
             renewed_at=spec.renew_time if spec else None,
         )
-
-    def _deleted(self, lease: Any) -> LeaseRecord:
-        """A Lease deleted under us (``kubectl delete lease``): nobody holds it any more, and
-        its last term is still the floor for the next grant. Reported as free at that term, so
-        a leader that sees it stops at once and followers create the Lease again above it."""
-        self._observe(None)
-        record = self._record(lease, self._clock.now())
-        return dataclasses.replace(record, holder=None, expires_in=0.0)
 
     def _unavailable(self, error: CallError) -> StoreUnavailable:
         if error.status == 404 and error.reason == "NotFound" and "namespaces" in error.message:
@@ -208,7 +186,8 @@ class KubernetesLeaseStore:
             lease_transitions=term,
         )
 
-    async def _create(self, identity: str, duration: float, min_term: int) -> LeaseRecord:
+    async def _create(self, identity: str, duration: float, term: int) -> LeaseRecord:
+        """POST the Lease with ``term``. A 409 AlreadyExists is a `Conflict`."""
         from kubernetes.aio import client
 
         coordination = await self._coordination()
@@ -216,7 +195,7 @@ class KubernetesLeaseStore:
             api_version="coordination.k8s.io/v1",
             kind="Lease",
             metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-            spec=self._spec(identity, duration, max(0, min_term) + 1, acquired=True),
+            spec=self._spec(identity, duration, max(1, term), acquired=True),
         )
         try:
             created = await self.api.call(
@@ -262,51 +241,29 @@ class KubernetesLeaseStore:
         return self._observe(await self._get())
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
-        # 1. Read the Lease. Missing: create it, with a term above every term seen (rule 5) —
-        #    unless terms were seen before: then it was deleted, and its holder may still lead.
-        lease = await self._get()
         previous = self.last_holder
-        if lease is None:
-            self._observe(None)
-            if min_term > 0 and not after_reset:
-                raise StoreBehind(f"lease {self.namespace}/{self.name} was deleted", None)
+        # 1. Nothing expected: create the Lease (409 AlreadyExists: someone has one).
+        if expected is None:
             self.previous_holder = previous
-            return await self._create(identity, duration, min_term)
-        record = self._observe(lease)
-        assert record is not None
+            return await self._create(identity, duration, min_term + 1)
+        # 2. The body to write over: the one we observed, if it is the expected version.
+        lease = self._lease
+        if lease is None or str(lease.metadata.resource_version) != expected:
+            lease = await self._get()
+            record = self._observe(lease)
+            if lease is None or str(lease.metadata.resource_version) != expected:
+                raise LeaseHeld(f"the lease is not at resourceVersion {expected}", record)
+        record = self._record(lease)
         self.previous_holder = record.holder or previous
-        # 2. Someone else's and not seen unchanged for a whole lease: held (rule 2).
-        if record.holder is not None and record.holder != identity and record.expires_in > 0:
-            raise LeaseHeld(f"held by {record.holder}", record)
-        # 2b. A term below one seen before: the Lease was replaced or rewound (rule 5).
-        if record.term < min_term and not after_reset:
-            raise StoreBehind(
-                f"lease {self.namespace}/{self.name} has term {record.term}, below {min_term}",
-                record,
-            )
-        # 3. Free, expired by observation, or ours: take it with the next term, conditional
-        #    on the resourceVersion we judged it by (rule 1).
-        from kubernetes.aio import client
-
-        coordination = await self._coordination()
-        body = client.V1Lease(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            metadata=lease.metadata,
-            spec=self._spec(identity, duration, max(record.term, min_term) + 1, acquired=True),
-        )
+        # 3. Take it with the next term, conditional on that resourceVersion (rule 1).
+        term = max(record.term, min_term) + 1
         try:
-            written = await self.api.call(
-                "acquire lease",
-                lambda: coordination.replace_namespaced_lease(
-                    self.name, self.namespace, body, _request_timeout=self.api.request_timeout
-                ),
-            )
+            written = await self._replace(lease, identity, duration, term, acquired=True)
         except CallError as error:
-            if error.status == 409:
-                # 4. Someone wrote since we read: never retry blindly, report what is there.
+            if error.status in (404, 409):
+                # Someone wrote (or deleted it) since: never retry blindly, report what is there.
                 raise Conflict(
                     f"lost the race for the lease: {error}", await self._reread()
                 ) from None
@@ -315,6 +272,29 @@ class KubernetesLeaseStore:
         assert granted is not None
         return granted
 
+    async def _replace(
+        self, lease: Any, identity: str, duration: float, term: int, *, acquired: bool
+    ) -> Any:
+        """PUT the Lease conditional on ``lease``'s resourceVersion. Raises CallError."""
+        from kubernetes.aio import client
+
+        coordination = await self._coordination()
+        spec = self._spec(identity, duration, term, acquired=acquired)
+        if not acquired and lease.spec is not None:
+            spec.acquire_time = lease.spec.acquire_time
+        body = client.V1Lease(
+            api_version="coordination.k8s.io/v1",
+            kind="Lease",
+            metadata=lease.metadata,
+            spec=spec,
+        )
+        return await self.api.call(
+            "acquire lease" if acquired else "restore lease",
+            lambda: coordination.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self.api.request_timeout
+            ),
+        )
+
     async def _owned(self, identity: str, term: int) -> Any:
         """Our latest view of the Lease if it is ``identity``'s grant of ``term``; else
         NotOwned without writing anything."""
@@ -322,7 +302,7 @@ class KubernetesLeaseStore:
         if lease is None:
             self._observe(None)
             raise NotOwned(f"lease {self.namespace}/{self.name} does not exist", None)
-        record = self._record(lease, self._clock.now())
+        record = self._record(lease)
         if record.holder != identity or record.term != term:
             raise NotOwned(
                 f"held by {record.holder} with term {record.term}, not {identity} with {term}",
@@ -345,7 +325,17 @@ class KubernetesLeaseStore:
         return Conflict(f"the lease was written concurrently: {error}", fresh)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
-        lease = await self._owned(identity, term)
+        lease = self._lease if self._lease is not None else await self._get()
+        if lease is None:
+            return await self._restore(None, identity, term, duration)
+        record = self._record(lease)
+        if record.holder != identity or record.term != term:
+            if record.term < term:
+                return await self._restore(lease, identity, term, duration)
+            raise NotOwned(
+                f"held by {record.holder} with term {record.term}, not {identity} with {term}",
+                record,
+            )
         spec = self._spec(identity, duration, term, acquired=False)
         try:
             written = await self._patch(
@@ -358,6 +348,36 @@ class KubernetesLeaseStore:
                     "leaseTransitions": term,
                 },
             )
+        except CallError as error:
+            if error.status == 404:  # deleted since we last saw it
+                return await self._restore(None, identity, term, duration)
+            raise await self._after_failed_write(error, identity, term) from None
+        record = self._observe(written)
+        assert record is not None
+        return record
+
+    async def _restore(self, lease: Any, identity: str, term: int, duration: float) -> LeaseRecord:
+        """The Lease is gone (``lease`` None) or holds an older term: the store lost our
+        grant. Put it back — create it, or overwrite the older one conditionally — so the
+        others see our name and term again (rule 5)."""
+        log(
+            logger,
+            "warning",
+            "the Lease lost our grant (deleted or rewound); putting it back",
+            lease=f"{self.namespace}/{self.name}",
+            term=term,
+            found_term=self._record(lease).term if lease is not None else None,
+        )
+        if lease is None:
+            try:
+                return await self._create(identity, duration, term)
+            except Conflict as raced:
+                fresh = raced.record
+                if fresh is not None and fresh.holder == identity and fresh.term == term:
+                    raise
+                raise NotOwned(f"the lease changed hands: {raced}", fresh) from None
+        try:
+            written = await self._replace(lease, identity, duration, term, acquired=False)
         except CallError as error:
             raise await self._after_failed_write(error, identity, term) from None
         record = self._observe(written)
@@ -394,7 +414,7 @@ class KubernetesLeaseStore:
                     failures = 0
                     version = resume_at
                     if kind == "DELETED":
-                        yield self._deleted(lease)
+                        yield self._observe(None)
                     elif kind in ("ADDED", "MODIFIED"):
                         yield self._observe(lease)
             except _Relist as relist:

@@ -1,13 +1,15 @@
-"""The Redis store: one key per lease, expiring by the server's own TTL.
+"""The Redis store: one key per lease, its expiry observed by the followers, never its TTL.
 
 Layout, for lease ``NAME`` (the ``{NAME}`` hash tag puts every key in one cluster slot):
 
 * ``leader-sidecar:{NAME}:holder`` — JSON ``{"holder", "term", "duration_ms", "version",
-  "acquired_at", "renewed_at"}`` with a ``PX`` TTL of one lease. Absent = free: expiry is the
-  server's TTL and nothing else (rule 2); a record's ``expires_in`` is the key's ``PTTL``.
+  "acquired_at", "renewed_at"}``, or ``{"term", "released": true, "version"}`` after a release.
+  Its ``PX`` TTL (20 leases, at least a minute) is garbage collection only: followers treat the
+  lease as expired after seeing one version unchanged for a lease on their own clock (rule 2),
+  so a step of the Redis host's clock can neither free nor prolong a lease.
 * ``leader-sidecar:{NAME}:term`` — the fencing counter, no TTL, kept on release (rule 5).
-* ``leader-sidecar:{NAME}:events`` — pub/sub channel; every grant and every release publishes
-  the new state, so followers react at once instead of polling.
+* ``leader-sidecar:{NAME}:events`` — pub/sub channel; every grant, renewal and release
+  publishes the new value, so followers see each version at once instead of polling.
 
 Each ownership-dependent step is one Lua script (rule 1), so the condition and the write are
 atomic at the server. With ``min_replicas`` a grant or renewal counts only after ``WAIT``

@@ -20,102 +20,134 @@ def lease_keys(lease: str) -> tuple[str, str, str]:
 
 # -- the scripts: one per ownership-dependent step (rule 1) -----------------------------------
 # Every script answers the same shape, so one function turns any reply into a record:
-#   {granted (1|0), holder value (JSON string) | nil, PTTL of the holder key in ms,
-#    term counter | nil}
+#   {granted (1|0), holder value (JSON string) | nil, term counter | nil}
 # A Lua `false` inside a table reaches the client as nil. Terms are Lua numbers (doubles):
-# exact up to 2^53 grants, and cjson writes them exactly up to 10^14 — at one grant per second,
-# three million years.
+# exact up to 2^53 grants, and cjson writes them exactly up to 10^14.
+#
+# The holder value is JSON {holder, term, duration_ms, version, acquired_at, renewed_at},
+# or {holder: null, term, released: true, version} after a release. Its PX TTL is garbage
+# collection only (`gc_ms`, many leases long): expiry is observed by the followers (rule 2),
+# never read from the TTL, so a step of the Redis host's clock cannot grant the lease. A key
+# that vanished anyway (the clock stepped past its TTL, a restart without persistence) is not
+# "free": with a counter left it reads as a record with no holder, not released, of version
+# "absent.<counter>", which followers wait out like any other; the holder puts it back.
+# `version` is a random token from the client, new on every write.
+#
+# The version of what the store holds, as the scripts compare it:
+_VERSION_OF = """
+local function version_of(current, counter)
+  if current then return tostring(cjson.decode(current).version) end
+  if counter then return 'absent.' .. counter end
+  return ''
+end
+"""
 
 # Acquire.
 # KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] lease in ms, ARGV[3] min_term (the caller's high-water mark),
-# ARGV[4] wall time (for humans), ARGV[5] event channel, ARGV[6] '1' after a reset (grant
-# even if the store is behind), ARGV[7] '1' if the Sentinels switched master within a lease.
-# Grants when the holder key is absent (free, released, or expired by its TTL) or holds the
-# caller's identity; the new term is max(INCR counter, min_term + 1, held term + 1), and the
-# counter is raised to it, so no later grant can reuse a term. Publishes the new value.
-# Refuses without writing when the store is behind: its term below min_term (it lost data:
-# a restart without persistence, a failover to a replica that missed writes) or a master
-# switch just happened — a holder it no longer shows may still be leading.
-# Returns {1, new value, lease ms, term}, {0, current value, PTTL, counter} when held, or
-# {2, current value | nil, PTTL, counter} when behind.
-ACQUIRE = """
+# ARGV[1] identity, ARGV[2] lease in ms, ARGV[3] min_term (the caller's floor), ARGV[4] wall
+# time (for humans), ARGV[5] event channel, ARGV[6] the version the caller expects ('' for
+# nothing stored at all), ARGV[7] the new version, ARGV[8] the key's GC TTL in ms.
+# Grants only when the store holds exactly the expected version; the new term is
+# max(counter, held term, min_term) + 1, and the counter is raised to it, so no later grant can
+# reuse a term. Publishes the new value.
+# Returns {1, new value, term} or {0, current value | nil, counter | nil}.
+ACQUIRE = (
+    _VERSION_OF
+    + """
 local current = redis.call('GET', KEYS[1])
-local floor = tonumber(ARGV[3]) + 1
-local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
+local counter = redis.call('GET', KEYS[2])
+if version_of(current, counter) ~= ARGV[6] then
+  return {0, current, counter}
+end
+local term = tonumber(counter or '0')
 if current then
   local held = cjson.decode(current)
-  if held.holder ~= ARGV[1] then
-    return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-  end
-  if held.term + 1 > floor then floor = held.term + 1 end
-  if held.term > stored then stored = held.term end
+  if held.term > term then term = held.term end
 end
-if (stored < tonumber(ARGV[3]) or ARGV[7] == '1') and ARGV[6] ~= '1' then
-  return {2, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
-end
-local term = redis.call('INCR', KEYS[2])
-if term < floor then
-  term = floor
-  redis.call('SET', KEYS[2], string.format('%d', term))
-end
+if tonumber(ARGV[3]) > term then term = tonumber(ARGV[3]) end
+term = term + 1
+local counted = string.format('%d', term)
+redis.call('SET', KEYS[2], counted)
 local value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[2]),
-                            version = 1, acquired_at = ARGV[4], renewed_at = ARGV[4]})
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+                            version = ARGV[7], acquired_at = ARGV[4], renewed_at = ARGV[4]})
+redis.call('SET', KEYS[1], value, 'PX', ARGV[8])
 redis.call('PUBLISH', ARGV[5], value)
-return {1, value, tonumber(ARGV[2]), string.format('%d', term)}
+return {1, value, counted}
 """
+)
 
-# Renew.
+# Renew (or put back).
 # KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time.
-# Extends the TTL to one full lease only while the key holds this identity AND this term; an
-# expired key is absent, so a lapsed grant cannot be revived (the caller must acquire anew).
-# Returns {1, new value, lease ms, counter} or {0, current value | nil, PTTL, counter}.
+# ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time, ARGV[5] event
+# channel, ARGV[6] the new version, ARGV[7] the key's GC TTL in ms.
+# Renews while the key holds this identity AND this term. If the key is gone, or holds an
+# older term, and the counter shows no later grant, the store lost our grant: put it back and
+# raise the counter to it. Anything else (a later grant, a release) changes nothing.
+# Publishes every write, so followers see each new version at once.
+# Returns {1, new value, counter} or {0, current value | nil, counter | nil}.
 RENEW = """
 local current = redis.call('GET', KEYS[1])
+local counter = redis.call('GET', KEYS[2])
+local term = tonumber(ARGV[2])
+local value
 if current then
   local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+  if held.holder == ARGV[1] and held.term == term then
     held.duration_ms = tonumber(ARGV[3])
     held.renewed_at = ARGV[4]
-    held.version = held.version + 1
-    local value = cjson.encode(held)
-    redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-    return {1, value, tonumber(ARGV[3]), redis.call('GET', KEYS[2])}
+    held.version = ARGV[6]
+    value = cjson.encode(held)
+  elseif held.term >= term then
+    return {0, current, counter}
   end
 end
-return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+if not value then
+  if tonumber(counter or '0') > term then
+    return {0, current, counter}
+  end
+  counter = string.format('%d', term)
+  redis.call('SET', KEYS[2], counter)
+  value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[3]),
+                        version = ARGV[6], acquired_at = ARGV[4], renewed_at = ARGV[4],
+                        restored = true})
+end
+redis.call('SET', KEYS[1], value, 'PX', ARGV[7])
+redis.call('PUBLISH', ARGV[5], value)
+return {1, value, counter}
 """
 
 # Release.
 # KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] term, ARGV[3] event channel, ARGV[4] '1' to publish, '0' not to.
-# Compare-and-delete: deletes the holder key only while it holds this identity AND this term;
-# the term counter stays. Publishes {"term": T, "released": true} so followers try at once.
-# Returns {1, nil, -2, released term} or {0, current value | nil, PTTL, counter}.
+# ARGV[1] identity, ARGV[2] term, ARGV[3] event channel, ARGV[4] '1' to publish, '0' not to,
+# ARGV[5] the new version, ARGV[6] the key's GC TTL in ms.
+# Only while the key holds this identity AND this term: replaces it with a released record
+# (the term stays, here and in the counter), so followers may take it at once.
+# Returns {1, released value, counter} or {0, current value | nil, counter | nil}.
 RELEASE = """
 local current = redis.call('GET', KEYS[1])
+local counter = redis.call('GET', KEYS[2])
 if current then
   local held = cjson.decode(current)
   if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
-    redis.call('DEL', KEYS[1])
+    local value = cjson.encode({term = held.term, released = true, version = ARGV[5],
+                                duration_ms = held.duration_ms})
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[6])
     if ARGV[4] == '1' then
-      redis.call('PUBLISH', ARGV[3], cjson.encode({term = held.term, released = true}))
+      redis.call('PUBLISH', ARGV[3], value)
     end
-    return {1, false, -2, string.format('%d', held.term)}
+    return {1, value, counter}
   end
 end
-return {0, current, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+return {0, current, counter}
 """
 
 # Read.
 # KEYS[1] holder key, KEYS[2] term counter. No ARGV.
-# Returns {0, value | nil, PTTL, counter}: value and its TTL from one moment.
+# Returns {0, value | nil, counter | nil}: both from one moment.
 # (No `#!lua flags=no-writes` shebang: it needs Redis 7, and the scripts otherwise run on
 # any Redis since 3.0 — managed services still run 6.x. We only ever talk to the primary.)
 READ = """
-return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 
 
@@ -124,47 +156,41 @@ return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('
 
 def reply_record(reply: list[Any]) -> LeaseRecord | None:
     """The record in any script's reply (the shape above)."""
-    _granted, value, pttl, counter = reply
-    if value is None:
-        if counter is None:
-            return None
-        term = int(counter)
-        return LeaseRecord(holder=None, term=term, duration=0.0, expires_in=0.0,
-                           version=f"{term}.free")  # fmt: skip
-    data = json.loads(value)
-    duration = float(data["duration_ms"]) / 1000
-    pttl = int(pttl)
-    # -1: the key has no TTL, which only someone else's write can cause; count it as held
-    # for one more lease rather than as free.
-    expires_in = pttl / 1000 if pttl >= 0 else duration if pttl == -1 else 0.0
-    return _value_record(data, expires_in)
+    _granted, value, counter = reply
+    if value is not None:
+        return value_record(value)
+    if counter is None:
+        return None
+    # The counter without a holder key: the store lost the holder (see above). Not free.
+    term = int(counter)
+    return LeaseRecord(holder=None, term=term, duration=0.0, version=f"absent.{counter}")
 
 
 def granted(reply: list[Any]) -> bool:
     return int(reply[0]) == 1
 
 
-def message_record(payload: str) -> LeaseRecord:
-    """A published grant (the new value: it expires one lease from now) or release."""
+def value_record(payload: str) -> LeaseRecord:
+    """A holder key's value, from a reply or a published message."""
     data = json.loads(payload)
-    if data.get("released"):
-        term = int(data["term"])
-        return LeaseRecord(holder=None, term=term, duration=0.0, expires_in=0.0,
-                           version=f"{term}.free")  # fmt: skip
-    return _value_record(data, float(data["duration_ms"]) / 1000)
-
-
-def _value_record(data: dict[str, Any], expires_in: float) -> LeaseRecord:
-    term = int(data["term"])
+    released = bool(data.get("released"))
+    holder = data.get("holder")
     return LeaseRecord(
-        holder=str(data["holder"]),
-        term=term,
-        duration=float(data["duration_ms"]) / 1000,
-        expires_in=expires_in,
-        version=f"{term}.{int(data['version'])}",
+        holder=None if released or holder is None else str(holder),
+        term=int(data["term"]),
+        duration=float(data.get("duration_ms") or 0) / 1000,
+        version=_lua_tostring(data.get("version")),
+        released=released,
         acquired_at=_wall(data.get("acquired_at")),
         renewed_at=_wall(data.get("renewed_at")),
     )
+
+
+def _lua_tostring(version: object) -> str:
+    """The version as the scripts' ``tostring`` writes it, so both sides compare equal."""
+    if isinstance(version, float) and version.is_integer():
+        return str(int(version))
+    return str(version)
 
 
 def _wall(value: object) -> datetime | None:

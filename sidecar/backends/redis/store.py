@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -25,7 +27,6 @@ from sidecar.backends.base import (
     LeaseHeld,
     LeaseRecord,
     NotOwned,
-    StoreBehind,
     StoreError,
     StoreUnavailable,
 )
@@ -37,8 +38,8 @@ from sidecar.backends.redis.scripts import (
     RENEW,
     granted,
     lease_keys,
-    message_record,
     reply_record,
+    value_record,
 )
 from sidecar.backends.redis.sentinel import follow_sentinels
 from sidecar.backends.redis.target import RedisTarget, join_host
@@ -66,6 +67,10 @@ class RedisLeaseStore:
     # The watch waits for a message at most this long before checking whether a Sentinel
     # announced a new master (then it resubscribes there).
     SWITCH_POLL = 0.1
+    # The holder key's TTL, in leases (at least GC_MIN seconds): garbage collection only, so
+    # a lease nobody uses any more disappears; never a reason to grant (rule 2).
+    GC_LEASES = 20
+    GC_MIN = 60.0
 
     def __init__(
         self,
@@ -97,7 +102,12 @@ class RedisLeaseStore:
         self._release = self._client.register_script(RELEASE)
         self._read = self._client.register_script(READ)
         self._master_generation = 0  # bumped on every Sentinel +switch-master
-        self._switched_at: float | None = None  # monotonic time of the last switch
+        # Bumped whenever the server may have lost writes this process saw (the watch had to
+        # reconnect, or the Sentinels switched master). It is part of every version reported,
+        # so an observer restarts its count from what the server shows *now*: after a crash
+        # with an fsync'd AOF, or a failover, an older record can come back under a version
+        # seen before, without the renewals that followed it (rule 2).
+        self._epoch = 0
         self._failing: str | None = None  # the problem last logged, until a request succeeds
 
     # -- connections ----------------------------------------------------------------------
@@ -194,6 +204,7 @@ class RedisLeaseStore:
         except StoreError:
             raise
         except Exception as exc:  # redis-py, the socket, TLS, a foreign value in our key
+            self._epoch += 1  # the server may have restarted and lost writes
             raise self._unavailable(exc) from exc
         if self._failing is not None:
             log(logger, "info", "redis answers again", store=self._where(), lease=self.lease)
@@ -220,39 +231,48 @@ class RedisLeaseStore:
     def _args_keys(self) -> list[str]:
         return [self._holder_key, self._term_key]
 
+    def _tagged(self, record: LeaseRecord | None) -> LeaseRecord | None:
+        """The record with this process's epoch in its version (see ``_epoch``)."""
+        if record is None:
+            return None
+        return dataclasses.replace(record, version=f"{record.version}{_EPOCH}{self._epoch}")
+
+    def _reply(self, reply: list[Any]) -> LeaseRecord | None:
+        return self._tagged(reply_record(reply))
+
     async def read(self) -> LeaseRecord | None:
         async def work() -> LeaseRecord | None:
-            return reply_record(await self._read(keys=self._args_keys(), client=self._client))
+            return self._reply(await self._read(keys=self._args_keys(), client=self._client))
 
         return await self._guarded(work)
 
+    def _gc_ms(self, duration: float) -> int:
+        return _ms(max(self.GC_MIN, self.GC_LEASES * duration))
+
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
         wall = self._clock.wall().isoformat()
-        switched = (
-            self._switched_at is not None and self._clock.now() - self._switched_at < duration
-        )
+        stored = expected
+        if expected is not None:
+            stored, _, epoch = expected.rpartition(_EPOCH)
+            if epoch != str(self._epoch):
+                # Observed before the server may have lost writes: not a basis for a grant.
+                current = await self.read()
+                raise LeaseHeld("the lease was observed before the server restarted", current)
 
         async def work() -> LeaseRecord:
             async with self._borrowed() as conn:
                 generation = self._master_generation
                 args: list[str | int] = [
                     identity, _ms(duration), min_term, wall, self._channel,
-                    "1" if after_reset else "0", "1" if switched else "0",
+                    "" if stored is None else stored, _new_version(),
+                    self._gc_ms(duration),
                 ]  # fmt: skip
                 reply = await self._acquire(keys=self._args_keys(), args=args, client=conn)
-                record = reply_record(reply)
-                if int(reply[0]) == 2:
-                    why = (
-                        "the Sentinels switched master less than a lease ago"
-                        if switched
-                        else f"its term is below {min_term}: it lost data"
-                    )
-                    raise StoreBehind(f"redis {self._where()} is behind: {why}", record)
+                record = self._reply(reply)
                 if not granted(reply):
-                    holder = record.holder if record else None
-                    raise LeaseHeld(f"held by {holder}", record)
+                    raise LeaseHeld(f"the lease is not at version {expected}", record)
                 assert record is not None
                 self._check_same_master(generation)
                 if self.min_replicas:
@@ -267,9 +287,12 @@ class RedisLeaseStore:
         async def work() -> LeaseRecord:
             async with self._borrowed() as conn:
                 generation = self._master_generation
-                args: list[str | int] = [identity, term, _ms(duration), wall]
+                args: list[str | int] = [
+                    identity, term, _ms(duration), wall, self._channel, _new_version(),
+                    self._gc_ms(duration),
+                ]  # fmt: skip
                 reply = await self._renew(keys=self._args_keys(), args=args, client=conn)
-                record = reply_record(reply)
+                record = self._reply(reply)
                 if not granted(reply):
                     raise NotOwned(f"not held by {identity} with term {term}", record)
                 assert record is not None
@@ -282,14 +305,22 @@ class RedisLeaseStore:
 
     async def release(self, identity: str, term: int) -> LeaseRecord | None:
         async def work() -> LeaseRecord | None:
-            args: list[str | int] = [identity, term, self._channel, "1"]
-            reply = await self._release(keys=self._args_keys(), args=args, client=self._client)
-            record = reply_record(reply)
-            if not granted(reply):
-                raise NotOwned(f"not held by {identity} with term {term}", record)
-            return record
+            return await self._release_as(self._client, identity, term, publish=True)
 
         return await self._guarded(work)
+
+    async def _release_as(
+        self, client: Redis, identity: str, term: int, *, publish: bool
+    ) -> LeaseRecord | None:
+        args: list[str | int] = [
+            identity, term, self._channel, "1" if publish else "0", _new_version(),
+            self._gc_ms(self.GC_MIN),
+        ]  # fmt: skip
+        reply = await self._release(keys=self._args_keys(), args=args, client=client)
+        record = self._reply(reply)
+        if not granted(reply):
+            raise NotOwned(f"not held by {identity} with term {term}", record)
+        return record
 
     async def _confirm_durable(
         self, conn: Redis, op: str, record: LeaseRecord, release_as: str | None
@@ -304,12 +335,11 @@ class RedisLeaseStore:
             return
         undone = ""
         if release_as is not None:
-            args: list[str | int] = [release_as, record.term, self._channel, "0"]
             try:
-                await self._release(keys=self._args_keys(), args=args, client=conn)
+                await self._release_as(conn, release_as, record.term, publish=False)
                 undone = "; the grant was withdrawn"
-            except RedisError:
-                undone = "; the grant will expire by its TTL"
+            except (RedisError, NotOwned):
+                undone = "; the followers will see it expire"
         raise self._fail(
             "warning",
             f"only {acked} of {self.min_replicas} replica(s) acknowledged the {op} of term "
@@ -352,8 +382,9 @@ class RedisLeaseStore:
                             ignore_subscribe_messages=True, timeout=poll
                         )
                         if message is not None and message.get("type") == "message":
-                            yield message_record(message["data"])
+                            yield self._tagged(value_record(message["data"]))
                 except Exception as exc:  # never raise: the elector relies on the watch
+                    self._epoch += 1  # the server may have restarted and lost writes
                     if not isinstance(exc, StoreError):
                         self._unavailable(exc)  # logs once per distinct problem
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -377,10 +408,11 @@ class RedisLeaseStore:
 
     async def _on_master_switch(self, announcement: str) -> None:
         self._master_generation += 1
-        # The new master may lack the latest grant or renewal (asynchronous replication):
-        # acquiring is refused as "behind" for one lease, so a holder the new master does not
-        # show reaches its own deadline first.
-        self._switched_at = self._clock.now()
+        self._epoch += 1
+        # The new master may lack the latest grant or renewal (asynchronous replication). The
+        # watch resubscribes there and reports what it holds: an older record is a new version
+        # (waited out a full lease), a lower term or nothing is a loss (waited out too), and
+        # the holder's next renewal puts its grant back.
         log(
             logger,
             "warning",
@@ -418,3 +450,11 @@ class RedisLeaseStore:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+_EPOCH = "~"  # separates a stored version from the epoch it was seen in
+
+
+def _new_version() -> str:
+    """A version no write ever had: 64 random bits."""
+    return secrets.token_hex(8)

@@ -1,0 +1,130 @@
+"""What one replica has seen of the lease, and when it may try to take it (rules 2, 5 and 8).
+
+This is the one place where expiry is decided, the same way for every store:
+
+* **Observed expiry (rule 2).** A record held by someone else is expired only after this
+  replica has seen the *same version* unchanged for the record's lease duration on its own
+  monotonic clock. A store's TTLs and timestamps are never read. Every version is new on every
+  write, so "unchanged" means "nobody wrote in between"; a new version restarts the count.
+* **Free at once:** a record an explicit release wrote; a store that holds nothing at all and
+  never showed this replica a term (a new lease); and a record that names *this* replica as
+  holder while it is not leading (a late renewal the store applied after the deadline): taking
+  that one back under a new term cannot make two leaders.
+* **A store that lost state is waited out, every time (rule 8).** When the store shows less
+  than this replica has seen — no record, a lower term — the holder it forgot may still lead
+  until its own deadline, at most one lease away. The wait is one full lease from *this* loss:
+  a new loss (the store changed again, or the watch reconnected to a store that still shows
+  the loss) starts a new wait, and the loss episode ends as soon as the store shows a term as
+  new as any seen.
+* **Unique terms across losses (rule 5).** A grant after a loss asks for a term
+  ``LOSS_TERM_GAP`` times the losses in a row above every term seen, so it cannot reuse the term of
+  a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP`` such
+  grants can be missed in a watch's delay), nor the term of another replica's grant after an
+  earlier loss of the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sidecar.backends.base import LeaseRecord
+
+# How far a grant after a store loss jumps above every term seen, per loss in a row.
+LOSS_TERM_GAP = 1000
+
+ABSENT = "<absent>"  # the observation key of "the store holds no record at all"
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """When this replica may next try to acquire, and what it must name."""
+
+    at: float
+    """Monotonic time from which the attempt may be made."""
+
+    expected: str | None
+    """The version the store must still hold for the grant (None: no record at all)."""
+
+    min_term: int
+    """The floor for the new term: the grant gets ``max(stored term, min_term) + 1``."""
+
+    why: str
+    """new | released | own | expired | lost — for logs and tests."""
+
+
+class LeaseView:
+    """One replica's observations of one lease. Pure bookkeeping: no I/O, no clock of its
+    own — every observation carries the monotonic time at which its answer *arrived* (never
+    the time the request was sent: the record may have been written after that)."""
+
+    def __init__(self, identity: str, lease_duration: float) -> None:
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.record: LeaseRecord | None = None
+        self.seen_anything = False
+        self.high_water = 0  # the highest term ever seen (rule 5)
+        self._key: str | None = None  # version (or ABSENT) of the record being timed
+        self._since = 0.0  # when that version was first seen
+        self._longest = lease_duration  # the longest lease any record declared
+        self.loss_since: float | None = None  # start of the current loss's wait (rule 8)
+        self.losses_in_a_row = 0  # losses seen since the store last showed a current term
+
+    # -- observing ---------------------------------------------------------------------
+
+    def observe(self, record: LeaseRecord | None, at: float, *, from_watch: bool = False) -> bool:
+        """Take one observation. ``from_watch``: the store's watch delivered it, i.e. the store
+        may have changed (a store that shows no record has no version to compare, so each such
+        delivery counts as a change). Returns True when this observation began a new loss."""
+        key = record.version if record is not None else ABSENT
+        changed = key != self._key or (from_watch and record is None)
+        behind = self.seen_anything and (
+            (record is None and self.high_water > 0)
+            or (record is not None and record.term < self.high_water)
+        )
+        self.seen_anything = True
+        self.record = record
+        if changed:
+            self._key = key
+            self._since = at
+        if record is not None:
+            self.high_water = max(self.high_water, record.term)
+            self._longest = max(self._longest, record.duration)
+        if not behind:
+            self.loss_since = None
+            if record is not None and (record.holder is not None or record.released):
+                self.losses_in_a_row = 0  # the store shows a grant or release as new as any
+            return False
+        if self.loss_since is None or changed:
+            self.loss_since = at
+            self.losses_in_a_row += 1
+            return True
+        return False
+
+    # -- deciding ----------------------------------------------------------------------
+
+    def next_attempt(self, now: float) -> Attempt:
+        """When (and naming what) this replica may next try to acquire, if it is not leading."""
+        record = self.record
+        if self.loss_since is not None:
+            return Attempt(
+                at=self.loss_since + self._longest,
+                expected=record.version if record is not None else None,
+                min_term=self.high_water + LOSS_TERM_GAP * max(1, self.losses_in_a_row),
+                why="lost",
+            )
+        if record is None:
+            # Nothing was ever shown to us (or nothing at all is stored and we never saw a
+            # term): a new lease. A store that lost everything before we saw it looks the same;
+            # that case is in the README's limits.
+            return Attempt(now, None, self.high_water, "new")
+        if record.holder == self.identity:
+            return Attempt(now, record.version, self.high_water, "own")
+        if record.free:
+            return Attempt(now, record.version, self.high_water, "released")
+        # Someone else's, or a holder the store lost track of (no holder, not released).
+        duration = record.duration if record.holder is not None else self._longest
+        return Attempt(self._since + duration, record.version, self.high_water, "expired")
+
+    def expires_in(self, now: float) -> float:
+        """Seconds until the record being watched counts as expired here (0: may be taken)."""
+        return max(0.0, self.next_attempt(now).at - now)
