@@ -53,8 +53,10 @@ class SidecarProcess:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         ready_timeout: float = 15.0,
+        prefix: Sequence[str] = (),
     ) -> SidecarProcess:
         command = [
+            *prefix,  # e.g. unshare --time …: runs the sidecar inside another command
             sys.executable,
             "-m",
             "sidecar",

@@ -1,0 +1,167 @@
+"""Issue 9's store-side failure classes, one deterministic test each, with real processes:
+three sidecars, a real store, and an observer polling every ``/leader`` every 10 ms.
+
+* case 1 — the SQLite lease row deleted twice in a row, the second time while the leader
+  granted after the first is inside its deadline: every loss is waited out on its own;
+* case 4 — the Redis host's wall clock steps forward an hour (an NTP step, a VM resume): the
+  key's TTL follows that clock, but expiry is observed, so nobody takes the lease;
+* case 5 — one sidecar in its own time namespace (``unshare --time``): its CLOCK_BOOTTIME is
+  a day ahead of the others', which must not make a live lease look expired.
+
+Cases 2, 3 and 6 are decided by the elector alone and are tested on a hand-moved clock in
+``tests/unit/test_elector.py`` (``test_case2_…``, ``test_case3_…``, ``test_case6_…``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.clock import ClockShift, build_shim
+from tests.chaos.stores import ShiftedRedisServer
+from tests.support.sidecars import LeaderObserver, SidecarProcess, observing, sidecars
+
+pytestmark = pytest.mark.slow
+
+LEASE = 1.0
+
+
+async def hold_steady(observer: LeaderObserver, seconds: float) -> None:
+    """Watch for ``seconds`` and fail at once if two replicas ever led together."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        observer.assert_never_two_leaders()
+
+
+def terms_served(observer: LeaderObserver) -> dict[int, set[str]]:
+    served: dict[int, set[str]] = {}
+    for sample in observer.samples:
+        if sample.leader and sample.term is not None and sample.identity:
+            served.setdefault(sample.term, set()).add(sample.identity)
+    return served
+
+
+def assert_terms_unique(observer: LeaderObserver) -> None:
+    shared = {term: who for term, who in terms_served(observer).items() if len(who) > 1}
+    assert not shared, f"terms served by two identities: {shared}"
+
+
+# -- case 1: two losses in a row (SQLite) -------------------------------------------------------
+
+
+async def test_case1_a_second_deletion_is_waited_out_too(tmp_path: Path) -> None:
+    """Delete the row, wait for the next grant, delete it again at once: the replica granted
+    after the first loss still leads until its deadline, so nobody may be granted for a
+    lease after the second. Never two leaders; every term served by one identity."""
+    database = tmp_path / "leases.db"
+    with sidecars(["a", "b", "c"], f"sqlite:///{database}") as procs:
+        async with observing(procs) as observer:
+            await observer.leader(timeout=10)
+            for _loss in range(2):
+                delete_rows(database)
+                deleted = time.time()
+                # Someone leads a lease later: the holder that put its grant back, or (if it
+                # could not) the replica granted after waiting out the loss. Delete again at
+                # once: that leader is inside its deadline now.
+                await observer.leader(timeout=10, after=deleted + LEASE + 0.2)
+                observer.assert_never_two_leaders()
+            await hold_steady(observer, 3 * LEASE)
+            assert_terms_unique(observer)
+
+
+def delete_rows(database: Path) -> None:
+    with contextlib.closing(sqlite3.connect(database, timeout=5)) as conn:
+        conn.execute("DELETE FROM leases")
+        conn.commit()
+
+
+# -- case 4: the Redis host's clock steps -------------------------------------------------------
+
+
+@pytest.fixture
+def stepped_redis(tmp_path: Path) -> Iterator[tuple[ShiftedRedisServer, ClockShift]]:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the clock-step shim")
+    shim = build_shim(tmp_path)
+    clock = ClockShift(shim, tmp_path / "redis-clock")
+    server_class = type("RedisWithClock", (ShiftedRedisServer,), {"ENV": clock.env})
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = server_class.start(directory)
+    try:
+        yield server, clock  # type: ignore[misc]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+async def test_case4_a_redis_clock_step_moves_no_lease(
+    stepped_redis: tuple[ShiftedRedisServer, ClockShift], step: float
+) -> None:
+    """Forward: the key's TTL runs out at once on the server, yet nobody is granted — the
+    followers keep seeing the leader's renewals, and the leader puts its key back. Back: the
+    key would outlive a dead leader by an hour; followers take over a lease after it dies."""
+    server, clock = stepped_redis
+    with sidecars(["a", "b", "c"], server.url) as procs:
+        async with observing(procs) as observer:
+            leader = await observer.leader(timeout=10)
+            clock.step(step)
+            await hold_steady(observer, 3 * LEASE)
+            assert_terms_unique(observer)
+            now = await observer.leader(timeout=5, after=time.time())
+            assert (now.identity, now.term) == (leader.identity, leader.term), (
+                "the clock step moved the lease"
+            )
+            if step < 0:
+                dead = next(p for p in procs if p.identity == leader.identity)
+                dead.kill()
+                killed = time.monotonic()
+                successor = await observer.leader(timeout=5 * LEASE + 5, after=time.time())
+                assert successor.identity != leader.identity
+                assert time.monotonic() - killed < 2 * LEASE + 2, "stuck behind the TTL"
+            observer.assert_never_two_leaders()
+
+
+# -- case 5: a sidecar in its own time namespace (SQLite) ----------------------------------------
+
+
+async def test_case5_a_time_namespace_offset_sees_no_expired_lease(tmp_path: Path) -> None:
+    """CLOCK_BOOTTIME is per time namespace: a sidecar whose clock is a day ahead must not
+    read the leader's live lease as expired."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare (util-linux) is needed")
+    probe = await asyncio.create_subprocess_exec(
+        unshare, "--time", "--boottime", "86400", "--fork", "true"
+    )
+    if await probe.wait() != 0:
+        pytest.skip("this kernel or sandbox refuses time namespaces")
+    store = f"sqlite:///{tmp_path / 'leases.db'}"
+    with sidecars(["a"], store) as first:
+        async with observing(first) as observer:
+            leader = await observer.leader(timeout=10)
+            shifted = SidecarProcess.start(
+                "b",
+                store,
+                lease_duration=f"{LEASE}s",
+                prefix=[
+                    unshare, "--time", "--boottime", "86400", "--monotonic", "86400",
+                    "--fork", "--kill-child",
+                ],
+            )  # fmt: skip
+            try:
+                observer.watch(shifted)
+                await hold_steady(observer, 4 * LEASE)
+                now = await observer.leader(timeout=5, after=time.time())
+                assert (now.identity, now.term) == (leader.identity, leader.term)
+                assert not any(s.leader for s in observer.samples if s.name == "b")
+            finally:
+                shifted.stop()
