@@ -606,3 +606,27 @@ async def test_the_new_leader_names_the_previous_holder_even_after_a_release(
     await b.step()
     assert b.status().leader
     assert heard[-1].previous_holder == "a_0000"
+
+
+# -- the half-lease alert also covers the gap that ends in a demotion --------------------------
+
+
+@pytest.mark.parametrize("wakes_in", ["tick", "step"])
+async def test_a_gap_that_ends_in_a_deadline_demotion_is_alerted(
+    world: World, wakes_in: str
+) -> None:
+    """A stall (a blocked loop, SIGSTOP, a long GC) that wakes up past the deadline: the gap is
+    counted and alerted first, then the leader demotes — the very gap the alert exists for."""
+    a = world.elector("a")
+    alerts = []
+    a.on_gap_alert(alerts.append)
+    await a.step()
+    world.clock.advance(TIMING.lease_duration)  # woke up past the deadline in one go
+    if wakes_in == "tick":
+        a._tick(world.clock.now())
+    else:
+        await a.step()
+    assert demotions(a, "deadline") == 1
+    assert sample(a, "leader_sidecar_renewal_gap_over_half_lease_total") == 1
+    assert len(alerts) == 1
+    assert alerts[0].gap >= TIMING.lease_duration
