@@ -18,6 +18,7 @@ from tests.chaos.stores import StoreHarness
 from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess
 
 OBSERVER_INTERVAL = 0.01  # seconds between two polls of one sidecar
+START_TIMEOUT = 30.0  # one sidecar's start-up, on a busy shared machine
 
 
 @dataclasses.dataclass
@@ -51,12 +52,21 @@ class Cluster:
         self.observer = LeaderObserver([], interval=OBSERVER_INTERVAL)
         self.writers: list[FencedWriter] = []
         self._session: aiohttp.ClientSession | None = None
+        self._starting = asyncio.Semaphore(2)
 
     async def start(self) -> None:
         await self.store.start(self.directory, self.shim, [slot.name for slot in self.slots])
         await self.observer.__aenter__()
-        # Start the replicas together, as a rollout does.
-        await asyncio.gather(*(self.launch(slot) for slot in self.slots))
+        # Start the replicas together, as a rollout does, but no more at once than there are
+        # cores here: five interpreters importing the Kubernetes client at once on a shared
+        # two-core machine once took longer than the start-up bound. Every launch finishes
+        # (or fails) before this returns, so none is left running unaccounted for.
+        results = await asyncio.gather(
+            *(self._launch_limited(slot) for slot in self.slots), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=5)
         )
@@ -64,6 +74,10 @@ class Cluster:
             writer = FencedWriter(slot.name, slot.url, self.store.fence)
             writer.start(self._session)
             self.writers.append(writer)
+
+    async def _launch_limited(self, slot: Slot) -> SidecarProcess:
+        async with self._starting:
+            return await self.launch(slot)
 
     async def launch(self, slot: Slot) -> SidecarProcess:
         """A new sidecar process in ``slot`` (a new identity), watched from now on."""
@@ -75,6 +89,7 @@ class Cluster:
             lease_duration=f"{self.lease:g}s",
             args=args,
             env=slot.clock.env,
+            ready_timeout=START_TIMEOUT,
         )
         slot.procs.append(proc)
         self.observer.watch(proc)

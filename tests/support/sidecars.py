@@ -89,7 +89,11 @@ class SidecarProcess:
             text=True,
         )
         sidecar = cls(proc, name)
-        sidecar._wait_listening(ready_timeout)
+        try:
+            sidecar._wait_listening(ready_timeout)
+        except BaseException:
+            sidecar.stop()  # never leave a half-started process behind
+            raise
         return sidecar
 
     def _read(self) -> None:
