@@ -1,0 +1,77 @@
+"""`LeaseView`, the one place expiry is decided (rules 2, 5 and 8), on its own: pure
+bookkeeping, every observation stamped with the time its answer arrived."""
+
+from __future__ import annotations
+
+from sidecar.backends.base import LeaseRecord
+from sidecar.observed import LOSS_TERM_GAP, LeaseView
+
+LEASE = 10.0
+ME = "me_1"
+
+
+def held(version: str, term: int = 3, holder: str = "x_1") -> LeaseRecord:
+    return LeaseRecord(holder=holder, term=term, duration=LEASE, version=version)
+
+
+def test_a_held_version_expires_a_lease_after_this_replica_first_saw_it() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1"), at=100.0)
+    view.observe(held("v1"), at=105.0)  # seen again: the count goes on from 100
+    attempt = view.next_attempt(105.0)
+    assert (attempt.at, attempt.expected, attempt.why) == (110.0, "v1", "expired")
+
+
+def test_a_new_version_restarts_the_count() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1"), at=100.0)
+    view.observe(held("v2"), at=108.0)
+    assert view.next_attempt(108.0).at == 118.0
+
+
+def test_released_own_and_new_are_free_at_once() -> None:
+    view = LeaseView(ME, LEASE)
+    assert view.next_attempt(1.0).why == "new"  # nothing seen yet: try as for a new lease
+    released = LeaseRecord(holder=None, term=3, duration=LEASE, version="r", released=True)
+    view.observe(released, at=2.0)
+    assert (view.next_attempt(2.0).at, view.next_attempt(2.0).why) == (2.0, "released")
+    view.observe(held("v9", holder=ME), at=3.0)
+    assert (view.next_attempt(3.0).at, view.next_attempt(3.0).why) == (3.0, "own")
+
+
+def test_a_holder_the_store_lost_track_of_is_waited_out_like_a_held_one() -> None:
+    """No holder, not released (a Redis key gone early): not free."""
+    view = LeaseView(ME, LEASE)
+    view.observe(LeaseRecord(holder=None, term=3, duration=0.0, version="absent.3"), at=50.0)
+    assert view.next_attempt(50.0).at == 50.0 + LEASE
+
+
+def test_a_loss_is_waited_out_and_the_next_term_jumps() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=7), at=0.0)
+    assert view.observe(None, at=1.0, from_watch=True)  # the store lost everything
+    attempt = view.next_attempt(1.0)
+    assert (attempt.at, attempt.expected, attempt.why) == (11.0, None, "lost")
+    assert attempt.min_term == 7 + LOSS_TERM_GAP
+    assert not view.observe(None, at=4.0)  # the same loss, read again: no new wait
+
+
+def test_each_loss_starts_its_own_wait_and_jumps_further() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=7), at=0.0)
+    view.observe(None, at=1.0, from_watch=True)
+    assert view.observe(None, at=6.0, from_watch=True)  # the store changed again
+    attempt = view.next_attempt(6.0)
+    assert attempt.at == 16.0
+    assert attempt.min_term == 7 + 2 * LOSS_TERM_GAP
+
+
+def test_a_lower_term_is_a_loss_and_a_current_grant_ends_it() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=7), at=0.0)
+    assert view.observe(held("old", term=5), at=1.0)
+    assert view.next_attempt(1.0).why == "lost"
+    view.observe(held("v2", term=2008), at=2.0)
+    assert view.loss_since is None
+    assert view.losses_in_a_row == 0
+    assert view.next_attempt(2.0).why == "expired"
