@@ -58,39 +58,53 @@ def stamp(facts: RunFacts, moment: float) -> str:
     return f"t+{moment - facts.started:.3f}s ({wall}Z)"
 
 
-def effective_offset(clock: ClockShift, moment: float) -> float:
-    offset = 0.0
-    for since, value in clock.history:
-        if since <= moment:
-            offset = value
-    return offset
+def reign_windows(facts: RunFacts) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """For each reign (replica, identity, reported ``since``): the real-time window its start
+    must lie in, from the observer's own clock: after the last answer of that replica that
+    was not this reign, before the first answer that was."""
+    by_name: dict[str, list[Sample]] = {}
+    for sample in facts.samples:
+        by_name.setdefault(sample.name, []).append(sample)
+    windows: dict[tuple[str, str, str], tuple[float, float]] = {}
+    for name, samples in by_name.items():
+        samples.sort(key=lambda s: s.sent)
+        previous_other = facts.started - 60.0
+        for sample in samples:
+            if not (sample.leader and sample.body and sample.identity):
+                if sample.status is not None:
+                    previous_other = sample.sent
+                continue
+            key = (name, sample.identity, str(sample.body["since"]))
+            if key not in windows:
+                windows[key] = (previous_other, sample.received)
+    return windows
 
 
-def real_since(facts: RunFacts, sample: Sample) -> float:
+def real_since(
+    facts: RunFacts, sample: Sample, windows: dict[tuple[str, str, str], tuple[float, float]]
+) -> float:
     """``since`` on the real clock. A stepped replica reports its reign's start on its own
-    wall clock; the offset that applies is the one in effect at the real moment it implies
-    (the shim re-reads its file within a few ms, hence the two probes)."""
+    wall clock: of the offsets its clock had, the one that puts the start inside the window
+    the observer saw it begin in (steps are seconds to an hour; the window tens of ms)."""
     reported = sample.since
     clock = facts.clocks.get(sample.name)
-    if clock is None or clock.offsets() == {0.0}:
+    if clock is None or clock.offsets() == {0.0} or sample.body is None:
         return reported
+    low, high = windows[(sample.name, str(sample.identity), str(sample.body["since"]))]
     for offset in sorted(clock.offsets(), key=abs):
-        moment = reported - offset
-        if moment <= sample.received and offset in (
-            effective_offset(clock, moment),
-            effective_offset(clock, moment - 0.02),
-        ):
-            return moment
-    return reported
+        if low - 0.05 <= reported - offset <= high + 0.05:
+            return reported - offset
+    return reported  # no offset fits: judged as reported
 
 
 def corrected(facts: RunFacts) -> list[Sample]:
     """The 200s, with ``since`` on the real clock."""
+    windows = reign_windows(facts)
     result = []
     for sample in facts.samples:
         if not sample.leader or sample.body is None:
             continue
-        since = real_since(facts, sample)
+        since = real_since(facts, sample, windows)
         if since != sample.since:
             body = dict(sample.body)
             body["since"] = datetime.fromtimestamp(since, UTC).isoformat().replace("+00:00", "Z")
