@@ -60,11 +60,11 @@ def fault_count(default: int) -> int:
 
 
 def draw(
-    seed: int, store: str, size: int, kinds: tuple[str, ...], count: int, lease: float
+    seed: int, store: str, kinds: tuple[str, ...], count: int, lease: float
 ) -> list[FaultSpec]:
-    """``count`` faults for one run. Every kind comes once (in a random order) before any
-    comes twice, so even a short run covers them all."""
-    rng = random.Random(f"{seed}/{store}/{size}")
+    """A store's ``count`` faults (its runs take consecutive slices). Every kind comes once,
+    in a random order, before any comes twice, so even a short run covers them all."""
+    rng = random.Random(f"{seed}/{store}")
     order: list[str] = []
     while len(order) < count:
         batch = list(kinds)

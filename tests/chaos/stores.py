@@ -207,6 +207,8 @@ class KubernetesStore(StoreHarness):
         "store_stall",  # an API freeze: requests held, applied on resume
         "api_5xx",
         "late_write",
+        "store_restart",  # the API server's storage wiped: the fake restarted empty
+        "store_restart_twice",
         "delete_after_grant",
         "delete_after_grant_twice",
         "partition_blackhole",
@@ -215,9 +217,9 @@ class KubernetesStore(StoreHarness):
 
     async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
         self.directory = directory
+        self.slots = slots
         self.fake = await asyncio.to_thread(FakeKubeProcess.start)
-        for slot in slots:
-            await asyncio.to_thread(self.fake.create_pod, KUBE_NAMESPACE, slot)
+        await self._create_pods()
         port = int(self.fake.url.rsplit(":", 1)[1])
         self.proxies = {slot: await TcpProxy("127.0.0.1", port, slot).start() for slot in slots}
         self.kubeconfigs: dict[str, Path] = {}
@@ -269,6 +271,20 @@ class KubernetesStore(StoreHarness):
             await asyncio.sleep(0.02)
         await asyncio.sleep(delay + 0.05)  # until the held write has been applied
         await asyncio.to_thread(self.fake.clear_faults)
+
+    async def _create_pods(self) -> None:
+        for slot in self.slots:
+            await asyncio.to_thread(self.fake.create_pod, KUBE_NAMESPACE, slot)
+
+    async def lose_state(self) -> None:
+        """Stop the fake and start an empty one on the same ports (etcd lost, or restored
+        from nothing): no Lease, resourceVersions from the start again. The pods are made
+        again at once (they are not what is under test)."""
+        port = int(self.fake.url.rsplit(":", 1)[1])
+        control = int(self.fake.control_url.rsplit(":", 1)[1])
+        await asyncio.to_thread(self.fake.stop)
+        self.fake = await asyncio.to_thread(FakeKubeProcess.start, port=port, control_port=control)
+        await self._create_pods()
 
     async def delete_record(self) -> None:
         await asyncio.to_thread(self.fake.delete_lease, KUBE_NAMESPACE, KUBE_LEASE)

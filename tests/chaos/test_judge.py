@@ -165,9 +165,9 @@ def test_since_from_a_stepped_clock_is_translated_back(tmp_path: Path) -> None:
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
     kinds = ("sigkill", "sigstop", "store_stall")
-    one = draw(42, "redis", 3, kinds, 7, LEASE)
-    assert one == draw(42, "redis", 3, kinds, 7, LEASE)
-    assert one != draw(43, "redis", 3, kinds, 7, LEASE)
+    one = draw(42, "redis", kinds, 7, LEASE)
+    assert one == draw(42, "redis", kinds, 7, LEASE)
+    assert one != draw(43, "redis", kinds, 7, LEASE)
     assert {s.kind for s in one[:3]} == set(kinds)  # every kind before any repeats
 
 

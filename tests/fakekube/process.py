@@ -175,11 +175,15 @@ class FakeKubeProcess(FakeKubeClient):
         self._reader.start()
 
     @classmethod
-    def start(cls, timeout: float = 15.0) -> FakeKubeProcess:
+    def start(
+        cls, timeout: float = 15.0, *, port: int = 0, control_port: int = 0
+    ) -> FakeKubeProcess:
+        """On free ports, or on given ones (a restart of the "same" API server, empty)."""
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        ports = ["--port", str(port), "--control-port", str(control_port)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakekube"],
+            [sys.executable, "-m", "tests.fakekube", *ports],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
