@@ -120,6 +120,24 @@ def describe(facts: RunFacts, sample: Sample) -> str:
     )
 
 
+def seen_before(facts: RunFacts, sample: Sample) -> str:
+    """What that replica had last reported as holder and term before this reign began: tells
+    a grant by a replica that had seen the earlier grant from one that had seen nothing."""
+    before = [
+        s
+        for s in facts.samples
+        if s.identity == sample.identity and s.body and not s.leader and s.sent < sample.since
+    ]
+    if not before:
+        return "no earlier answer from it"
+    last = max(before, key=lambda s: s.sent)
+    assert last.body is not None
+    return (
+        f"before, it last reported holder {last.body.get('holder')} term {last.term} "
+        f"at {stamp(facts, last.sent)}"
+    )
+
+
 def two_leaders(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
     view = types.SimpleNamespace(samples=leaders)
     pairs = LeaderObserver.two_leaders_at_once(view)  # type: ignore[arg-type]
@@ -147,7 +165,8 @@ def term_shared(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
                 Violation(
                     "one term served by two identities",
                     firsts[1].sent,
-                    f"term {term}: " + "; ".join(describe(facts, s) for s in firsts),
+                    f"term {term}: "
+                    + "; ".join(f"{describe(facts, s)} ({seen_before(facts, s)})" for s in firsts),
                 )
             )
     written: dict[int, dict[str, FencedWrite]] = {}
