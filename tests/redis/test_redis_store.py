@@ -1,5 +1,6 @@
 """The Redis store against a real redis-server: what the contract suite cannot see from the
-outside — server-side TTL, the term counter, pub/sub, error mapping, bounded requests, WAIT."""
+outside — the key's garbage-collection TTL, the term counter, a key that vanished, pub/sub,
+versions and their epoch, error mapping, bounded requests, WAIT."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.backends.base import LeaseHeld, NotOwned, StoreUnavailable
-from sidecar.backends.redis import lease_keys
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreUnavailable
+from sidecar.backends.redis import RedisLeaseStore, lease_keys
 from tests.redis.conftest import StoreFactory
 from tests.redis.servers import RedisServer, wait_until
 from tests.redis.watching import next_matching, watching
@@ -21,43 +22,79 @@ pytestmark = pytest.mark.slow
 HOLDER, TERM, CHANNEL = lease_keys("t")
 
 
+async def take(
+    store: RedisLeaseStore, identity: str, duration: float, min_term: int = 0
+) -> LeaseRecord:
+    """Acquire naming exactly what the store holds now, as a candidate that watched it expire
+    (or saw it released, or found nothing at all) would."""
+    current = await store.read()
+    return await store.try_acquire(
+        identity, duration, min_term, expected=current.version if current else None
+    )
+
+
+def stored_version(version: str) -> str:
+    """A reported version without the store's epoch suffix (``<token>~<epoch>``)."""
+    stored, tilde, _epoch = version.rpartition("~")
+    assert tilde, f"a Redis version carries its epoch: {version!r}"
+    return stored
+
+
 # -- the lease in Redis ---------------------------------------------------------------------
 
 
-async def test_a_grant_lives_exactly_as_long_as_the_servers_ttl(
+async def test_the_servers_ttl_is_garbage_collection_many_leases_long_never_the_lease(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
-    """expires_in is the key's PTTL; when the TTL runs out the key is gone and the lease free,
-    with its term still readable from the counter."""
+    """The holder key's PX TTL is 20 leases (at least 60 s), set again on every write: a key
+    nobody renews goes away some day, but the TTL never ends a lease (rule 2). Past its lease
+    duration the record is still there, unchanged, for the followers to time; the counter
+    never expires."""
     store = make_store(server.url)
-    granted = await store.try_acquire("a_1", 0.4, 0)
-    assert 0.35 < granted.expires_in <= 0.4
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     with server.client() as client:
-        assert 300 < client.pttl(HOLDER) <= 400
+        assert 99_000 < client.pttl(HOLDER) <= 100_000  # 20 leases of 5 s
         assert client.ttl(TERM) == -1  # the counter never expires
-    held = await store.read()
+    short = make_store(server.url, lease="short")
+    brief = await short.try_acquire("a_1", 0.4, 0, expected=None)
+    short_holder, _, _ = lease_keys("short")
+    with server.client() as client:
+        assert 59_000 < client.pttl(short_holder) <= 60_000  # 20 leases of 0.4 s < 60 s
+    await asyncio.sleep(0.4 * 2)  # twice the lease: nothing at the store changes
+    held = await short.read()
     assert held is not None
-    assert held.holder == "a_1"
-    assert 0 < held.expires_in <= 0.4
-    wait_until(lambda: not server.client().exists(HOLDER), 2.0, "the key expired")
-    after = await store.read()
-    assert after is not None
-    assert (after.holder, after.term, after.expires_in, after.free) == (None, granted.term, 0, True)
+    assert (held.holder, held.term, held.version) == ("a_1", brief.term, brief.version)
+    assert not held.free
+    renewed = await store.renew("a_1", granted.term, 5.0)
+    assert renewed.version != granted.version
+    with server.client() as client:
+        assert 99_000 < client.pttl(HOLDER) <= 100_000  # set again by the renewal
 
 
 async def test_the_value_is_json_a_human_can_read_with_redis_cli(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
+    """A grant: holder, term, duration, version, wall times for humans. A release keeps the key
+    (and the term) and says so: {"term", "released": true, "version"}."""
     store = make_store(server.url)
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     with server.client() as client:
         value = json.loads(client.get(HOLDER))
     assert value["holder"] == "a_1"
     assert value["term"] == granted.term
     assert value["duration_ms"] == 5000
+    assert value["version"] == stored_version(granted.version)
     assert value["acquired_at"] == value["renewed_at"]
     assert granted.acquired_at is not None
     assert value["acquired_at"] == granted.acquired_at.isoformat()
+    released = await store.release("a_1", granted.term)
+    assert released is not None
+    with server.client() as client:
+        value = json.loads(client.get(HOLDER))
+    assert value.get("holder") is None
+    assert (value["term"], value["released"]) == (granted.term, True)
+    assert value["version"] == stored_version(released.version)
+    assert value["version"] != stored_version(granted.version)
 
 
 async def test_a_grant_raises_the_counter_to_the_callers_high_water_mark(
@@ -66,62 +103,103 @@ async def test_a_grant_raises_the_counter_to_the_callers_high_water_mark(
     """When min_term wins over INCR, the counter is set to the new term, so the next grant by
     a caller that knows no high-water mark still goes above it."""
     store = make_store(server.url)
-    first = await store.try_acquire("a_1", 5.0, 41, after_reset=True)
+    first = await store.try_acquire("a_1", 5.0, 41, expected=None)
     assert first.term == 42
     with server.client() as client:
         assert client.get(TERM) == "42"
     await store.release("a_1", 42)
-    second = await store.try_acquire("b_1", 5.0, 0)
+    second = await take(store, "b_1", 5.0)
     assert second.term == 43
 
 
-async def test_a_lapsed_grant_cannot_be_renewed(
+async def test_a_vanished_key_is_waited_out_not_free_and_its_holder_puts_it_back(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
-    """Once the server's TTL ran out, the old holder must acquire anew (with a new term)."""
-    store = make_store(server.url)
-    granted = await store.try_acquire("a_1", 0.2, 0)
+    """A holder key gone before its time (the Redis host's clock stepped past the TTL) leaves
+    the counter: that reads as a record with no holder, *not* released, of version
+    ``absent.<counter>`` — followers wait it out like a held lease. The holder's next renewal
+    puts the grant back with the same term; a grant by someone else is never overwritten."""
+    store, other = make_store(server.url), make_store(server.url)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
+    with server.client() as client:
+        client.pexpire(HOLDER, 1)
     wait_until(lambda: not server.client().exists(HOLDER), 2.0, "the key expired")
+    gone = await other.read()
+    assert gone is not None
+    assert (gone.holder, gone.term, gone.released, gone.free) == (None, granted.term, False, False)
+    assert stored_version(gone.version) == f"absent.{granted.term}"
+    with pytest.raises(LeaseHeld):  # a candidate must name what is there
+        await other.try_acquire("b_1", 5.0, 0, expected=None)
+    restored = await store.renew("a_1", granted.term, 5.0)
+    assert (restored.holder, restored.term) == ("a_1", granted.term)
+    with server.client() as client:
+        assert json.loads(client.get(HOLDER))["restored"] is True
+        assert client.get(TERM) == str(granted.term)
+    with pytest.raises(LeaseHeld):  # the absent record a follower timed is gone
+        await other.try_acquire("b_1", 5.0, 0, expected=gone.version)
+
+    # The key vanishes again, and this time a follower that waited it out takes the lease
+    # first: the old holder's renewal must not overwrite that later grant.
+    with server.client() as client:
+        client.delete(HOLDER)
+    gone = await other.read()
+    assert gone is not None
+    taken = await other.try_acquire("b_1", 5.0, 0, expected=gone.version)
+    assert (taken.holder, taken.term) == ("b_1", granted.term + 1)
     with pytest.raises(NotOwned) as refused:
         await store.renew("a_1", granted.term, 5.0)
     assert refused.value.record is not None
-    assert refused.value.record.holder is None
-    again = await store.try_acquire("a_1", 5.0, 0)
-    assert again.term == granted.term + 1
+    assert (refused.value.record.holder, refused.value.record.term) == ("b_1", taken.term)
 
 
-async def test_a_held_lease_reports_the_holders_remaining_ttl(
+async def test_a_refused_candidate_is_told_the_record_to_time_the_lease_by(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
-    """Followers schedule their next attempt at this PTTL instead of polling."""
+    """Followers time expiry themselves (rule 2): a refusal carries the holder, its declared
+    duration and the exact version held now, so the follower can start its own count, and a
+    renewal in between makes that version stale."""
     a, b = make_store(server.url), make_store(server.url)
-    await a.try_acquire("a_1", 3.0, 0)
+    granted = await a.try_acquire("a_1", 3.0, 0, expected=None)
     await asyncio.sleep(0.3)
     with pytest.raises(LeaseHeld) as held:
-        await b.try_acquire("b_1", 3.0, 0)
+        await b.try_acquire("b_1", 3.0, 0, expected=None)
     record = held.value.record
     assert record is not None
-    assert record.holder == "a_1"
-    assert 2.4 < record.expires_in < 2.8
+    assert (record.holder, record.term, record.duration) == ("a_1", granted.term, 3.0)
+    assert not record.free
+    assert stored_version(record.version) == stored_version(granted.version)
+    await a.renew("a_1", granted.term, 3.0)
+    with pytest.raises(LeaseHeld) as stale:
+        await b.try_acquire("b_1", 3.0, 0, expected=record.version)
+    assert stale.value.record is not None
+    assert stale.value.record.version != record.version
 
 
 async def test_grants_and_releases_are_published_on_the_lease_channel(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
+    """Every write is published, renewals included: followers time expiry by versions, so
+    they must see each new one at once (rule 2)."""
     with server.client() as client, client.pubsub() as pubsub:
         pubsub.subscribe(CHANNEL)
         assert pubsub.get_message(timeout=2)["type"] == "subscribe"
         store = make_store(server.url)
-        granted = await store.try_acquire("a_1", 5.0, 0)
-        await store.renew("a_1", granted.term, 5.0)  # renewals are not published
-        await store.release("a_1", granted.term)
+        granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
+        renewed = await store.renew("a_1", granted.term, 5.0)
+        released = await store.release("a_1", granted.term)
+        assert released is not None
         messages = []
         while (message := pubsub.get_message(timeout=0.5)) is not None:
             messages.append(json.loads(message["data"]))
     assert [(m.get("holder"), m["term"], m.get("released")) for m in messages] == [
         ("a_1", granted.term, None),
+        ("a_1", granted.term, None),
         (None, granted.term, True),
     ]
+    assert [m["version"] for m in messages] == [
+        stored_version(r.version) for r in (granted, renewed, released)
+    ]
+    assert len({m["version"] for m in messages}) == 3
 
 
 async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
@@ -134,7 +212,7 @@ async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
     with pytest.raises(StoreUnavailable, match="leader-sidecar"):
         await store.read()
     with pytest.raises(StoreUnavailable, match="something else writes to this key"):
-        await store.try_acquire("a_1", 5.0, 0)
+        await store.try_acquire("a_1", 5.0, 0, expected=None)
 
 
 # -- failures are StoreUnavailable, and bounded ---------------------------------------------
@@ -144,11 +222,12 @@ async def test_a_stopped_server_is_unavailability_not_a_crash(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
     store = make_store(server.url)
-    await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     server.stop()
     for call in (
         store.read,
-        lambda: store.try_acquire("b_1", 5.0, 0),
+        lambda: store.try_acquire("b_1", 5.0, 0, expected=None),
+        lambda: store.try_acquire("b_1", 5.0, 0, expected=granted.version),
         lambda: store.renew("a_1", 1, 5.0),
         lambda: store.release("a_1", 1),
     ):
@@ -161,12 +240,13 @@ async def test_every_request_is_bounded_by_the_request_timeout_when_the_server_s
 ) -> None:
     """SIGSTOP: the TCP connection stays up, nothing answers. Each call gives up in time."""
     store = make_store(server.url, request_timeout=0.3)
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     server.pause()
     try:
         for call in (
             store.read,
-            lambda: store.try_acquire("b_1", 5.0, 0),
+            lambda: store.try_acquire("b_1", 5.0, 0, expected=None),
+            lambda: store.try_acquire("b_1", 5.0, 0, expected=granted.version),
             lambda: store.renew("a_1", granted.term, 5.0),
             lambda: store.release("a_1", granted.term),
         ):
@@ -185,7 +265,7 @@ async def test_the_first_request_after_a_server_restart_succeeds(
 ) -> None:
     """A pooled connection that died while idle is replaced once, without failing."""
     store = make_store(server.url)
-    await store.try_acquire("a_1", 5.0, 0)
+    await store.try_acquire("a_1", 5.0, 0, expected=None)
     server.restart()
     assert await store.read() is None  # nothing was persisted
 
@@ -199,7 +279,7 @@ async def test_a_replica_answers_unavailability_saying_it_is_read_only(
         replica.replicate(server)
         store = make_store(replica.url)
         with pytest.raises(StoreUnavailable, match="read-only replica"):
-            await store.try_acquire("a_1", 5.0, 0)
+            await store.try_acquire("a_1", 5.0, 0, expected=None)
     finally:
         replica.stop()
 
@@ -212,7 +292,7 @@ async def test_the_servers_own_min_replicas_to_write_is_unavailability(
     try:
         store = make_store(primary.url)
         with pytest.raises(StoreUnavailable, match="NOREPLICAS"):
-            await store.try_acquire("a_1", 5.0, 0)
+            await store.try_acquire("a_1", 5.0, 0, expected=None)
         assert await store.read() is None  # reading still works
     finally:
         primary.stop()
@@ -229,7 +309,7 @@ async def test_a_wrong_password_is_unavailability_that_names_the_setting(
             with pytest.raises(StoreUnavailable, match="LEADER_SIDECAR_REDIS_PASSWORD"):
                 await store.read()
         with_flag = make_store(f"redis://:wrong@127.0.0.1:{guarded.port}/0", password="right horse")
-        granted = await with_flag.try_acquire("a_1", 5.0, 0)
+        granted = await with_flag.try_acquire("a_1", 5.0, 0, expected=None)
         assert granted.holder == "a_1"
     finally:
         guarded.stop()
@@ -244,25 +324,34 @@ async def test_the_watch_yields_the_state_on_subscribing_then_every_grant_and_re
     follower, leader = make_store(server.url), make_store(server.url)
     async with watching(follower) as seen:
         assert await asyncio.wait_for(seen.get(), 2) is None  # nothing stored yet
-        granted = await leader.try_acquire("a_1", 5.0, 0)
+        granted = await leader.try_acquire("a_1", 5.0, 0, expected=None)
+        record = await asyncio.wait_for(seen.get(), 1)
+        assert record is not None
+        assert (record.holder, record.term, record.duration) == ("a_1", granted.term, 5.0)
+        assert stored_version(record.version) == stored_version(granted.version)
+        renewed = await leader.renew("a_1", granted.term, 5.0)
         record = await asyncio.wait_for(seen.get(), 1)
         assert record is not None
         assert (record.holder, record.term) == ("a_1", granted.term)
-        assert 4.5 < record.expires_in <= 5.0
+        assert stored_version(record.version) == stored_version(renewed.version)
         await leader.release("a_1", granted.term)
         record = await asyncio.wait_for(seen.get(), 1)
         assert record is not None
         assert record.free
+        assert record.released
         assert record.term == granted.term
 
 
 async def test_the_watch_survives_a_server_restart_and_reports_the_state_it_finds(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
-    """A release published while the watch was disconnected is not lost: on reconnecting the
-    watch reads and yields the current state, and it never raises meanwhile."""
+    """A change while the watch was disconnected is not lost: on reconnecting the watch reads
+    and yields the current state (here: nothing, the restart lost it), and it never raises
+    meanwhile. The holder's renewal then puts its grant back with the same term, and the
+    watch reports it under a new epoch: a version seen before the reconnect is never taken
+    for the same record again."""
     follower, leader = make_store(server.url), make_store(server.url)
-    granted = await leader.try_acquire("a_1", 30.0, 0)
+    granted = await leader.try_acquire("a_1", 30.0, 0, expected=None)
     async with watching(follower) as seen:
         first = await asyncio.wait_for(seen.get(), 2)
         assert first is not None
@@ -271,10 +360,13 @@ async def test_the_watch_survives_a_server_restart_and_reports_the_state_it_find
         await asyncio.sleep(0.5)  # the watch retries against a dead server meanwhile
         server.restart()  # empty: the lease (and its term) are gone
         assert await next_matching(seen, lambda r: r is None, timeout=5) is None
-        again = await leader.try_acquire("a_1", 30.0, granted.term, after_reset=True)
+        restored = await leader.renew("a_1", granted.term, 30.0)
+        assert (restored.holder, restored.term) == ("a_1", granted.term)
         record = await next_matching(seen, lambda r: r is not None, timeout=2)
         assert record is not None
-        assert record.term == again.term == granted.term + 1
+        assert (record.holder, record.term) == ("a_1", granted.term)
+        assert stored_version(record.version) == stored_version(restored.version)
+        assert record.version.rpartition("~")[2] != first.version.rpartition("~")[2]
 
 
 # -- durability: WAIT -----------------------------------------------------------------------
@@ -293,7 +385,7 @@ async def test_with_min_replicas_a_grant_counts_once_the_replica_has_it(
     server: RedisServer, replica: RedisServer, make_store: StoreFactory
 ) -> None:
     store = make_store(server.url, min_replicas=1)
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     with replica.client() as client:  # acknowledged means: already on the replica
         assert json.loads(client.get(HOLDER))["term"] == granted.term
     renewed = await store.renew("a_1", granted.term, 5.0)
@@ -303,22 +395,22 @@ async def test_with_min_replicas_a_grant_counts_once_the_replica_has_it(
 async def test_with_min_replicas_and_the_replica_stopped_acquire_fails_closed(
     server: RedisServer, replica: RedisServer, make_store: StoreFactory
 ) -> None:
-    """The grant was written but no replica has it: it does not count, it is withdrawn so no
-    one appears to hold the lease, and its term stays used up."""
+    """The grant was written but no replica has it: it does not count, it is withdrawn (a
+    released record, free at once, since nobody led with it) so no one appears to hold the
+    lease, and its term stays used up."""
     store = make_store(server.url, min_replicas=1, request_timeout=0.4)
     replica.stop()
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="only 0 of 1 replica") as refused:
-        await store.try_acquire("a_1", 5.0, 0)
+        await store.try_acquire("a_1", 5.0, 0, expected=None)
     assert time.monotonic() - started < 0.4 + 0.3
     assert "withdrawn" in str(refused.value)
     record = await store.read()
     assert record is not None
-    assert record.holder is None
-    assert record.term == 1
+    assert (record.holder, record.term, record.released) == (None, 1, True)
     replica.restart()
     replica.replicate(server)
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=record.version)
     assert granted.term == 2
 
 
@@ -326,7 +418,7 @@ async def test_with_min_replicas_and_the_replica_stopped_renew_fails_closed(
     server: RedisServer, replica: RedisServer, make_store: StoreFactory
 ) -> None:
     store = make_store(server.url, min_replicas=1, request_timeout=0.4)
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     replica.pause()
     try:
         with pytest.raises(StoreUnavailable, match=r"only 0 of 1 replica.*renew"):
@@ -342,13 +434,13 @@ async def test_wait_counts_the_writes_of_the_request_itself(
 ) -> None:
     """A grant that finds the lease held writes nothing and does not wait for replicas."""
     holder = make_store(server.url, min_replicas=1, request_timeout=0.6)
-    await holder.try_acquire("a_1", 30.0, 0)
+    await holder.try_acquire("a_1", 30.0, 0, expected=None)
     replica.pause()
     try:
         other = make_store(server.url, min_replicas=1, request_timeout=0.6)
         started = time.monotonic()
         with pytest.raises(LeaseHeld):
-            await other.try_acquire("b_1", 30.0, 0)
+            await other.try_acquire("b_1", 30.0, 0, expected=None)
         assert time.monotonic() - started < 0.2
     finally:
         replica.resume()
@@ -378,7 +470,7 @@ async def test_the_documented_acl_is_enough_for_every_operation(
         store, follower = make_store(url, min_replicas=1), make_store(url)
         async with watching(follower) as seen:
             assert await asyncio.wait_for(seen.get(), 2) is None
-            granted = await store.try_acquire("a_1", 5.0, 0)
+            granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
             await store.renew("a_1", granted.term, 5.0)
             await store.release("a_1", granted.term)
             released = await next_matching(seen, lambda r: r is not None and r.free, 2)

@@ -36,7 +36,7 @@ async def test_rediss_with_the_servers_ca_holds_a_lease(
 ) -> None:
     assert tls_server.url.startswith("rediss://")
     store = make_store(tls_server.url, ca_file=str(tls_files.ca_cert))
-    granted = await store.try_acquire("a_1", 5.0, 0)
+    granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
     renewed = await store.renew("a_1", granted.term, 5.0)
     assert (renewed.holder, renewed.term) == ("a_1", granted.term)
 
@@ -46,7 +46,7 @@ async def test_a_wrong_ca_is_refused_with_an_error_that_names_the_ca_file(
 ) -> None:
     store = make_store(tls_server.url, ca_file=str(other_tls_files.ca_cert))
     with pytest.raises(StoreUnavailable) as refused:
-        await store.try_acquire("a_1", 5.0, 0)
+        await store.try_acquire("a_1", 5.0, 0, expected=None)
     message = str(refused.value)
     assert "TLS: the server's certificate failed verification" in message
     assert str(other_tls_files.ca_cert) in message
@@ -82,5 +82,5 @@ async def test_a_server_that_requires_client_certificates_accepts_ours(
         cert_file=str(tls_files.client_cert),
         key_file=str(tls_files.client_key),
     )
-    granted = await with_cert.try_acquire("a_1", 5.0, 0)
+    granted = await with_cert.try_acquire("a_1", 5.0, 0, expected=None)
     assert granted.holder == "a_1"
