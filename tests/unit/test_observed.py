@@ -70,7 +70,9 @@ def test_a_lower_term_is_a_loss_and_a_current_grant_ends_it() -> None:
     view = LeaseView(ME, LEASE)
     view.observe(held("v1", term=7), at=0.0)
     assert view.observe(held("old", term=5), at=1.0)
-    assert view.next_attempt(1.0).why == "lost"
+    attempt = view.next_attempt(1.0)
+    assert attempt.why == "lost"
+    assert attempt.min_term == 7 + LOSS_TERM_GAP  # the rewound store does not lower the floor
     view.observe(held("v2", term=2008), at=2.0)
     assert view.loss_since is None
     assert view.losses_in_a_row == 0
