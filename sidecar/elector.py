@@ -582,15 +582,16 @@ class Elector:
     # -- timing -------------------------------------------------------------------------
 
     def _follower_delay(self, *, raced: bool = False) -> float:
-        """Until the next attempt the view allows: at the exact observed expiry, or at once
-        (with a little jitter, so followers woken together do not all hit the store at once;
-        none when the lease names us)."""
+        """Until the next attempt the view allows: at the exact observed expiry, or at once for
+        a release, a new lease or our own name — a hand-off is one notification plus one round
+        trip. Jitter only where followers would collide again: after a lost race, and at an
+        expiry they all timed from the same renewal."""
         now = self._clock.now()
         attempt = self._view.next_attempt(now)
         wait = max(0.0, attempt.at - now)
-        if attempt.why == "own" and not raced:
-            return wait
-        return wait + self._herd_jitter()
+        if wait > 0 or raced:
+            return wait + self._herd_jitter()
+        return 0.0
 
     def _herd_jitter(self) -> float:
         """A little spread so followers woken together do not all hit the store at once."""
