@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar.backends.base import LeaseHeld
+from sidecar.backends.base import Conflict, LeaseHeld
 from sidecar.backends.kubernetes import (
     KubernetesLeaseStore,
     demotion_actions,
@@ -164,7 +164,7 @@ async def test_every_transition_is_an_event_about_the_lease(
     fake: FakeApiServer, kubeconfig: Path, make_store: StoreFactory
 ) -> None:
     store = make_store()
-    await store.try_acquire("app-0_aaaa", 2, 0)
+    await store.try_acquire("app-0_aaaa", 2, 0, expected=None)
     api = KubeApi(str(kubeconfig), 2.0)
     events = LeaseEvents(api, NAMESPACE, LEASE, "app-0_aaaa", "app-0", lambda: store.uid)
     try:
@@ -260,7 +260,7 @@ async def test_the_actions_share_the_stores_client_and_know_the_lease_uid(
     store = open_kubernetes_store(config)  # type: ignore[arg-type]
     try:
         assert isinstance(store, KubernetesLeaseStore)
-        await store.try_acquire("app-0_a", 2, 0)
+        await store.try_acquire("app-0_a", 2, 0, expected=None)
         listener = gap_alert_listener(config, store)  # type: ignore[arg-type]
         await listener(GapAlert(1.5, 2.0, False, None, status("app-0_a", leader=True)))
     finally:
@@ -349,12 +349,13 @@ async def test_a_new_leader_relabels_a_holder_that_released_but_kept_its_leader_
     old, new = make_store(), make_store()
     api = KubeApi(str(kubeconfig), 2.0)
     try:
-        granted = await old.try_acquire("app-0_aaaa", 2, 0)
+        granted = await old.try_acquire("app-0_aaaa", 2, 0, expected=None)
         await PodRoleLabel(api, NAMESPACE, "app-0", KEY)(became_leader("app-0_aaaa", None))
-        with pytest.raises(LeaseHeld):
-            await new.try_acquire("app-1_bbbb", 2, 0)  # the new one has seen app-0 lead
-        await old.release("app-0_aaaa", granted.term)  # ... and app-0 is never relabelled
-        await new.try_acquire("app-1_bbbb", 2, 0)
+        with pytest.raises((LeaseHeld, Conflict)):  # the new one has seen app-0 lead
+            await new.try_acquire("app-1_bbbb", 2, 0, expected=None)
+        released = await old.release("app-0_aaaa", granted.term)  # ... never relabelled
+        assert released is not None
+        await new.try_acquire("app-1_bbbb", 2, 0, expected=released.version)
         assert new.previous_holder == "app-0_aaaa"
         action = PodRoleLabel(api, NAMESPACE, "app-1", KEY, lambda: new.previous_holder)
         # The elector saw the lease free, so its transition names no previous holder.

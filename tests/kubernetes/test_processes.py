@@ -216,11 +216,14 @@ async def test_a_partitioned_leader_answers_503_before_its_lease_could_expire(
             assert recovered.term > first.term
 
 
-async def test_deleting_the_lease_while_leading_never_reuses_a_term(
+async def test_deleting_the_lease_while_leading_puts_it_back_and_never_gives_its_term_away(
     fake: FakeKubeProcess, tmp_path: Path
 ) -> None:
-    """Everyone saw term T through the watch: the leader stops when its watch shows the Lease
-    gone, and whoever re-creates it takes T + 1; never two leaders."""
+    """Everyone saw term T through the watch. A deleted Lease is a store that lost the
+    leader's grant, not a free lease: the leader's watch shows it gone, it renews at once and
+    the renewal re-creates the Lease with its own name and term T (rule 5); the followers,
+    which saw the store lose state, grant nothing meanwhile (rule 8). The leader keeps leading
+    without a break under T, never two leaders, and the next hand-off takes T + 1."""
     with three_sidecars(fake, tmp_path) as procs:
         async with observing(procs) as observer:
             first = await observer.leader(timeout=10)
@@ -238,38 +241,33 @@ async def test_deleting_the_lease_while_leading_never_reuses_a_term(
                 )
             deleted_at = time.time()
             assert await asyncio.to_thread(fake.delete_lease, NAMESPACE, LEASE_NAME) == 200
-            successor = await observer.wait_for(
-                lambda s: s.leader and s.sent >= deleted_at and s.term != first.term,
-                timeout=LEASE + 3,
-            )
-            assert successor.term is not None
-            assert successor.term > first.term
-            await eventually(
-                lambda: (
-                    (fake.lease(NAMESPACE, LEASE_NAME) or {})
-                    .get("spec", {})
-                    .get("leaseTransitions", 0)
-                    > first.term
+
+            def restored() -> bool:
+                spec = (fake.lease(NAMESPACE, LEASE_NAME) or {}).get("spec") or {}
+                return (spec.get("holderIdentity"), spec.get("leaseTransitions")) == (
+                    first.identity,
+                    first.term,
                 )
-            )
-            await asyncio.sleep(LEASE)
-            new_reigns = {
-                (s.identity, s.since, s.term)
+
+            await eventually(restored, timeout=LEASE / 3 + 1.0)  # at once, or the next renewal
+            leader = by_name(procs, first.name)
+            assert any("putting it back" in str(e.get("msg")) for e in leader.logs)
+            await asyncio.sleep(LEASE + 0.5)  # past the followers' wait for the loss
+            kept = await observer.leader(after=time.time())
+            assert (kept.identity, kept.term, kept.since) == (
+                first.identity,
+                first.term,
+                first.since,
+            ), "the leader stopped, or someone else took the lease"
+            since_delete = {
+                (s.identity, s.term, s.since)
                 for s in observer.samples
-                if s.leader and s.since > deleted_at
+                if s.leader and s.sent >= deleted_at
             }
-            assert new_reigns
-            assert all(term is not None and term > first.term for _, _, term in new_reigns)
-            # The old leader learns of the deletion from its watch and stops at once.
-            old_reign = [
-                s
-                for s in observer.samples
-                if s.leader
-                and (s.identity, s.term) == (first.identity, first.term)
-                and s.sent > deleted_at
-            ]
-            assert max((s.received for s in old_reign), default=0.0) <= successor.since + 0.5
-            assert all(proc.proc.poll() is None for proc in procs)
+            assert since_delete == {(first.identity, first.term, first.since)}
+            handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
+            assert handover.successor.term == first.term + 1
+            assert all(proc.proc.poll() is None for proc in procs if proc is not leader)
 
 
 async def test_a_storm_of_409s_neither_crashes_anyone_nor_grants_twice(

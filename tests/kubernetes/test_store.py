@@ -1,6 +1,8 @@
 """The Kubernetes lease store against the fake API server, through the real client: the
-Lease's fields, observe-based expiry, compare-and-swap without blind retries, failures as
-StoreUnavailable within the request timeout, and the number of API calls each step costs."""
+Lease's fields, what a candidate times observed expiry by (resourceVersion and duration,
+never renewTime), a deleted Lease put back by its holder, compare-and-swap without blind
+retries, failures as StoreUnavailable within the request timeout, and the number of API
+calls each step costs."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from sidecar.backends.base import Conflict, LeaseHeld, NotOwned, StoreUnavailable
 from sidecar.backends.kubernetes.store import whole_seconds
+from sidecar.observed import LeaseView
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import LEASES
 from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
@@ -59,10 +62,10 @@ async def test_acquiring_a_missing_lease_creates_it_with_the_standard_fields(
 ) -> None:
     """holderIdentity, leaseDurationSeconds, MicroTimes with six digits (even on a whole
     second, which the client alone would write as ``+00:00`` and be refused), term in
-    leaseTransitions; one GET and one POST."""
+    leaseTransitions; one POST (expecting no record needs no read first)."""
     clock = FakeClock()  # wall clock exactly on a whole second
     store = make_store(clock=clock)
-    granted = await store.try_acquire("app-0_aa", 1.5, 0)
+    granted = await store.try_acquire("app-0_aa", 1.5, 0, expected=None)
     assert (granted.holder, granted.term, granted.duration) == ("app-0_aa", 1, 2.0)
     assert lease_spec(fake) == {
         "holderIdentity": "app-0_aa",
@@ -71,7 +74,7 @@ async def test_acquiring_a_missing_lease_creates_it_with_the_standard_fields(
         "renewTime": "2026-11-29T09:00:00.000000Z",
         "leaseTransitions": 1,
     }
-    assert calls(fake) == [("get", 404), ("create", 201)]
+    assert calls(fake) == [("create", 201)]
 
 
 async def test_a_renewal_is_one_conditional_patch_that_keeps_the_term(
@@ -79,7 +82,7 @@ async def test_a_renewal_is_one_conditional_patch_that_keeps_the_term(
 ) -> None:
     clock = FakeClock()
     store = make_store(clock=clock)
-    granted = await store.try_acquire("app-0_aa", 2, 0)
+    granted = await store.try_acquire("app-0_aa", 2, 0, expected=None)
     fake.requests.clear()
     clock.advance(0.654321)
     renewed = await store.renew("app-0_aa", granted.term, 2)
@@ -96,22 +99,33 @@ async def test_a_renewal_is_one_conditional_patch_that_keeps_the_term(
 async def test_another_holders_lease_expires_only_after_being_seen_unchanged_for_its_duration(
     make_store: StoreFactory,
 ) -> None:
-    """Observe-based expiry (rule 2), on the candidate's own monotonic clock."""
+    """Observe-based expiry (rule 2), on the candidate's own monotonic clock: the store
+    reports the resourceVersion and the duration, the candidate's view times them, and the
+    grant is a PUT conditional on the very version it timed."""
     holder = make_store()
     clock = FakeClock()
     candidate = make_store(clock=clock)
-    await holder.try_acquire("a_1", 2, 0)
-    with pytest.raises(LeaseHeld) as held:
-        await candidate.try_acquire("b_1", 2, 0)
-    assert held.value.record is not None
-    assert held.value.record.expires_in == 2.0  # first sight: a whole lease to wait
+    view = LeaseView("b_1", 2.0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
+    with pytest.raises((LeaseHeld, Conflict)) as held:  # it exists: nothing is not expected
+        await candidate.try_acquire("b_1", 2, 0, expected=None)
+    seen = held.value.record
+    assert seen is not None
+    assert (seen.holder, seen.version, seen.duration) == ("a_1", granted.version, 2.0)
+    view.observe(seen, clock.now())
+    attempt = view.next_attempt(clock.now())
+    assert (attempt.at - clock.now(), attempt.expected, attempt.why) == (
+        2.0,  # first sight: a whole lease to wait
+        granted.version,
+        "expired",
+    )
     clock.advance(1.9)
-    with pytest.raises(LeaseHeld) as held:
-        await candidate.try_acquire("b_1", 2, 0)
-    assert held.value.record is not None
-    assert held.value.record.expires_in == pytest.approx(0.1)
+    view.observe(await candidate.read(), clock.now())
+    assert view.next_attempt(clock.now()).at - clock.now() == pytest.approx(0.1)
     clock.advance(0.1)
-    taken = await candidate.try_acquire("b_1", 2, 0)
+    attempt = view.next_attempt(clock.now())
+    assert attempt.at <= clock.now()
+    taken = await candidate.try_acquire("b_1", 2, attempt.min_term, expected=attempt.expected)
     assert (taken.holder, taken.term) == ("b_1", 2)
 
 
@@ -129,27 +143,39 @@ async def test_renew_time_is_never_trusted_for_expiry(
             "renewTime": "2020-01-01T00:00:00.000000Z",
         },
     )
-    candidate = make_store(clock=FakeClock())
-    with pytest.raises(LeaseHeld) as held:
-        await candidate.try_acquire("b_1", 2, 0)
-    assert held.value.record is not None
-    assert held.value.record.expires_in == 2.0
+    clock = FakeClock()
+    candidate = make_store(clock=clock)
+    record = await candidate.read()
+    assert record is not None
+    assert record.renewed_at is not None
+    assert record.renewed_at.year == 2020  # reported, for humans
+    assert (record.holder, record.term, record.free) == ("skewed_1", 4, False)
+    view = LeaseView("b_1", 2.0)
+    view.observe(record, clock.now())
+    assert view.next_attempt(clock.now()).at - clock.now() == 2.0
+    with pytest.raises((LeaseHeld, Conflict)):
+        await candidate.try_acquire("b_1", 2, 0, expected=None)
 
 
 async def test_a_renewal_seen_by_a_candidate_restarts_its_wait(make_store: StoreFactory) -> None:
+    """Every renewal is a new resourceVersion: the candidate's count starts again from it, and
+    a grant naming the version it timed before is refused."""
     holder = make_store()
     clock = FakeClock()
     candidate = make_store(clock=clock)
-    granted = await holder.try_acquire("a_1", 2, 0)
-    with pytest.raises(LeaseHeld):
-        await candidate.try_acquire("b_1", 2, 0)
+    view = LeaseView("b_1", 2.0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
+    view.observe(await candidate.read(), clock.now())
     clock.advance(1.5)
-    await holder.renew("a_1", granted.term, 2)
+    renewed = await holder.renew("a_1", granted.term, 2)
+    assert renewed.version != granted.version
     clock.advance(1.0)  # 2.5 s since the first sight, but the record changed meanwhile
-    with pytest.raises(LeaseHeld) as held:
-        await candidate.try_acquire("b_1", 2, 0)
+    with pytest.raises((LeaseHeld, Conflict)) as held:
+        await candidate.try_acquire("b_1", 2, 0, expected=granted.version)
     assert held.value.record is not None
-    assert held.value.record.expires_in == 2.0
+    assert (held.value.record.holder, held.value.record.version) == ("a_1", renewed.version)
+    view.observe(held.value.record, clock.now())
+    assert view.next_attempt(clock.now()).at - clock.now() == 2.0
 
 
 async def test_a_foreign_lease_without_a_duration_uses_ours(
@@ -157,40 +183,74 @@ async def test_a_foreign_lease_without_a_duration_uses_ours(
 ) -> None:
     """``kubectl apply`` of a bare Lease: no leaseDurationSeconds is not 'expired at once'."""
     await put_foreign_lease(fake, {"holderIdentity": "manual_1"})
-    with pytest.raises(LeaseHeld) as held:
-        await make_store(clock=FakeClock()).try_acquire("b_1", 2, 0)
-    assert held.value.record is not None
-    assert held.value.record.expires_in == 2.0
+    clock = FakeClock()
+    record = await make_store(clock=clock).read()
+    assert record is not None
+    assert (record.holder, record.duration, record.free) == ("manual_1", 2.0, False)
+    view = LeaseView("b_1", 2.0)
+    view.observe(record, clock.now())
+    assert view.next_attempt(clock.now()).at - clock.now() == 2.0
 
 
 async def test_release_empties_the_holder_and_keeps_the_term(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
     store = make_store()
-    granted = await store.try_acquire("a_1", 2, 5, after_reset=True)
+    granted = await store.try_acquire("a_1", 2, 5, expected=None)
     released = await store.release("a_1", granted.term)
     assert released is not None
-    assert (released.holder, released.term, released.free) == (None, 6, True)
+    assert (released.holder, released.term, released.released, released.free) == (
+        None,
+        6,
+        True,
+        True,
+    )
     spec = lease_spec(fake)
     assert spec is not None
     assert spec["holderIdentity"] == ""
     assert spec["leaseTransitions"] == 6
 
 
-async def test_renewing_or_releasing_a_deleted_lease_is_not_owned_and_does_not_recreate_it(
+async def test_releasing_a_deleted_lease_is_not_owned_and_renewing_it_puts_the_grant_back(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
-    """A PUT would re-create a deleted Lease (create-on-update); the store patches instead."""
+    """A deleted Lease is a store that lost our grant. A release must not resurrect it (a
+    PUT would: create-on-update; the store patches, and gets 404); the holder's renewal does,
+    with its own name and term (rule 5), so its term stays used and the others see it."""
     store = make_store()
-    granted = await store.try_acquire("a_1", 2, 0)
+    granted = await store.try_acquire("a_1", 2, 3, expected=None)
     fake.cluster.delete(LEASES, NAMESPACE, LEASE)
+    fake.requests.clear()
     with pytest.raises(NotOwned) as refused:
-        await store.renew("a_1", granted.term, 2)
+        await store.release("a_1", granted.term)
     assert refused.value.record is None
     assert lease_spec(fake) is None
+    assert calls(fake) == [("patch", 404)]
+    restored = await store.renew("a_1", granted.term, 2)
+    assert (restored.holder, restored.term) == ("a_1", granted.term)
+    spec = lease_spec(fake)
+    assert spec is not None
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("a_1", granted.term)
+    assert calls(fake)[-1] == ("create", 201)
+
+
+async def test_a_renewal_never_overwrites_a_later_grant_or_a_release(
+    make_store: StoreFactory,
+) -> None:
+    """Putting a grant back is only for a Lease that lost it (deleted, or an older term):
+    a release of our grant, or a grant to someone else, stays as it is."""
+    mine, theirs = make_store(), make_store()
+    granted = await mine.try_acquire("a_1", 2, 0, expected=None)
+    released = await mine.release("a_1", granted.term)
+    assert released is not None
     with pytest.raises(NotOwned):
-        await store.release("a_1", granted.term)
-    assert lease_spec(fake) is None
+        await mine.renew("a_1", granted.term, 2)
+    taken = await theirs.try_acquire("b_1", 2, 0, expected=released.version)
+    with pytest.raises(NotOwned):
+        await mine.renew("a_1", granted.term, 2)
+    current = await theirs.read()
+    assert current is not None
+    assert (current.holder, current.term, current.version) == ("b_1", taken.term, taken.version)
 
 
 async def test_a_lost_race_is_read_again_and_reported_never_retried(
@@ -198,15 +258,16 @@ async def test_a_lost_race_is_read_again_and_reported_never_retried(
 ) -> None:
     """409 on the compare-and-swap: one re-read, Conflict with the fresh record, no 2nd PUT."""
     first = make_store()
-    granted = await first.try_acquire("a_1", 30, 0)
-    await first.release("a_1", granted.term)
+    granted = await first.try_acquire("a_1", 30, 0, expected=None)
+    released = await first.release("a_1", granted.term)
+    assert released is not None
     fake.faults = fake.faults.parse(
         {"errors": [{"status": 409, "count": 1, "match": {"verbs": ["update"]}}]}
     )
     second = make_store()
     fake.requests.clear()
     with pytest.raises(Conflict) as lost:
-        await second.try_acquire("b_1", 30, 0)
+        await second.try_acquire("b_1", 30, 0, expected=released.version)
     assert calls(fake) == [("get", 200), ("update", 409), ("get", 200)]
     assert lost.value.record is not None
     assert lost.value.record.term == granted.term
@@ -216,7 +277,7 @@ async def test_a_renewal_conflict_is_a_conflict_while_the_lease_is_still_ours(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
     store = make_store()
-    granted = await store.try_acquire("a_1", 30, 0)
+    granted = await store.try_acquire("a_1", 30, 0, expected=None)
     fake.faults = fake.faults.parse(
         {"errors": [{"status": 409, "count": 1, "match": {"verbs": ["patch"]}}]}
     )
@@ -234,7 +295,7 @@ async def test_a_renewal_conflict_that_cannot_be_read_again_is_no_reason_to_give
     """409, then the re-read fails: nothing is known, so Conflict (tolerated until the
     deadline), not NotOwned (which would demote at once)."""
     store = make_store()
-    granted = await store.try_acquire("a_1", 30, 0)
+    granted = await store.try_acquire("a_1", 30, 0, expected=None)
     fake.faults = fake.faults.parse(
         {
             "errors": [
@@ -251,14 +312,18 @@ async def test_a_renewal_conflict_that_cannot_be_read_again_is_no_reason_to_give
 async def test_a_renewal_after_someone_else_took_the_lease_is_not_owned(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
-    mine, theirs = make_store(), make_store(clock=FakeClock())
-    granted = await mine.try_acquire("a_1", 2, 0)
-    with pytest.raises(LeaseHeld):
-        await theirs.try_acquire("b_1", 2, 0)
-    theirs._clock.advance(2.0)  # type: ignore[attr-defined]
-    taken = await theirs.try_acquire("b_1", 2, 0)
+    """The old holder's patch carries the resourceVersion it last saw: 409, one re-read,
+    NotOwned with the new holder's record; nothing is overwritten."""
+    mine, theirs = make_store(), make_store()
+    granted = await mine.try_acquire("a_1", 2, 0, expected=None)
+    watched = await theirs.read()  # the version a follower watched unchanged for a lease
+    assert watched is not None
+    taken = await theirs.try_acquire("b_1", 2, 0, expected=watched.version)
+    assert (taken.holder, taken.term) == ("b_1", granted.term + 1)
+    fake.requests.clear()
     with pytest.raises(NotOwned) as refused:
         await mine.renew("a_1", granted.term, 2)
+    assert calls(fake) == [("patch", 409), ("get", 200)]
     assert refused.value.record is not None
     assert (refused.value.record.holder, refused.value.record.term) == ("b_1", taken.term)
     spec = lease_spec(fake)
@@ -272,7 +337,11 @@ async def test_server_errors_are_store_unavailable(
 ) -> None:
     store = make_store()
     fake.faults = fake.faults.parse({"errors": [{"status": code}]})
-    for call in (store.read, lambda: store.try_acquire("a_1", 2, 0)):
+    for call in (
+        store.read,
+        lambda: store.try_acquire("a_1", 2, 0, expected=None),
+        lambda: store.try_acquire("a_1", 2, 0, expected="1"),
+    ):
         with pytest.raises(StoreUnavailable, match=f"HTTP {code}"):
             await call()
 
@@ -281,11 +350,12 @@ async def test_a_stalled_api_answers_unavailable_within_the_request_timeout(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
     store = make_store(request_timeout=0.3)
-    granted = await store.try_acquire("a_1", 2, 0)
+    granted = await store.try_acquire("a_1", 2, 0, expected=None)
     fake.faults = fake.faults.parse({"latency": 5})
     for call in (
         store.read,
-        lambda: store.try_acquire("b_1", 2, 0),
+        lambda: store.try_acquire("b_1", 2, 0, expected=None),
+        lambda: store.try_acquire("b_1", 2, 0, expected=granted.version),
         lambda: store.renew("a_1", granted.term, 2),
         lambda: store.release("a_1", granted.term),
     ):
@@ -299,7 +369,7 @@ async def test_a_partitioned_api_is_unavailable_at_once(
     fake: FakeApiServer, make_store: StoreFactory
 ) -> None:
     store = make_store()
-    granted = await store.try_acquire("a_1", 2, 0)
+    granted = await store.try_acquire("a_1", 2, 0, expected=None)
     await fake.partition()
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="no answer"):
@@ -319,11 +389,11 @@ async def test_a_refusal_by_rbac_is_unavailable_and_logged_with_the_fix(
         caplog.at_level(logging.ERROR, logger="sidecar.kubernetes"),
         pytest.raises(StoreUnavailable, match="HTTP 403 Forbidden"),
     ):
-        await store.try_acquire("a_1", 2, 0)
+        await store.try_acquire("a_1", 2, 0, expected=None)
     refusals = [r for r in caplog.records if "RBAC" in r.getMessage()]
     assert len(refusals) == 1
     fields = refusals[0].sidecar_fields  # type: ignore[attr-defined]
-    assert 'cannot get resource "leases"' in fields["error"]
+    assert 'cannot create resource "leases"' in fields["error"]  # nothing expected: a POST
     assert "leases get/list/watch/create/update/patch" in fields["fix"]
 
 
@@ -332,12 +402,12 @@ async def test_a_missing_namespace_is_unavailable_and_names_the_fix(
 ) -> None:
     fake.cluster.namespaces.discard(NAMESPACE)
     with pytest.raises(StoreUnavailable, match="create namespace demo or fix --namespace"):
-        await make_store().try_acquire("a_1", 2, 0)
+        await make_store().try_acquire("a_1", 2, 0, expected=None)
 
 
 async def test_the_requests_carry_our_user_agent(fake: FakeApiServer, make_store: StoreFactory):  # type: ignore[no-untyped-def]
     """So the server's managedFields and audit log name the sidecar."""
-    await make_store().try_acquire("a_1", 2, 0)
+    await make_store().try_acquire("a_1", 2, 0, expected=None)
     assert {r["user_agent"] for r in fake.requests} == {"leader-sidecar"}
     lease = fake.cluster.get(LEASES, NAMESPACE, LEASE)
     assert lease is not None
@@ -349,13 +419,15 @@ async def test_concurrent_candidates_on_a_released_lease_yield_one_grant(
 ) -> None:
     """The PUT compare-and-swap: of ten candidates racing for a free lease, one wins."""
     first = make_store()
-    granted = await first.try_acquire("a_1", 30, 0)
-    await first.release("a_1", granted.term)
+    granted = await first.try_acquire("a_1", 30, 0, expected=None)
+    released = await first.release("a_1", granted.term)
+    assert released is not None
     stores = [make_store() for _ in range(10)]
 
     async def attempt(index: int) -> str | None:
         try:
-            return (await stores[index].try_acquire(f"c{index}_1", 30, 0)).holder
+            store = stores[index]
+            return (await store.try_acquire(f"c{index}_1", 30, 0, expected=released.version)).holder
         except (Conflict, LeaseHeld):  # lost the race, or read after the winner's write
             return None
 

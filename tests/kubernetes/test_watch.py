@@ -66,7 +66,7 @@ async def test_the_watch_lists_first_and_then_reports_every_change(
     async with watching(make_store()) as seen:
         await until(lambda: len(seen) == 1)
         assert seen == [None]  # listed: no Lease yet
-        granted = await holder.try_acquire("a_1", 2, 0)
+        granted = await holder.try_acquire("a_1", 2, 0, expected=None)
         await until(lambda: len(seen) == 2)
         await holder.renew("a_1", granted.term, 2)
         await until(lambda: len(seen) == 3)
@@ -74,11 +74,12 @@ async def test_the_watch_lists_first_and_then_reports_every_change(
         await until(lambda: len(seen) == 4)
         fake.cluster.delete(LEASES, NAMESPACE, LEASE)
         await until(lambda: len(seen) == 5)
-    holders = [(r.holder, r.term) if r else None for r in seen]
-    # Deleted: free, at the last term (the floor for the next grant).
-    assert holders == [None, ("a_1", 1), ("a_1", 1), (None, 1), (None, 1)]
-    assert seen[-1] is not None
-    assert seen[-1].free
+    holders = [(r.holder, r.term, r.released) if r else None for r in seen]
+    # Deleted: no record at all (a store that lost state, not a free lease at its last term;
+    # the followers wait it out, rule 8).
+    assert holders == [None, ("a_1", 1, False), ("a_1", 1, False), (None, 1, True), None]
+    versions = [r.version for r in seen[1:4] if r is not None]
+    assert len(set(versions)) == 3  # every write, the renewal included, is a new version
     assert len(list_requests(fake)) == 1
     assert len(watch_requests(fake)) == 1
     query = str(watch_requests(fake)[0]["query"])
@@ -90,7 +91,7 @@ async def test_a_dropped_watch_resumes_from_the_last_resource_version(
     make_store: StoreFactory, fake: FakeApiServer
 ) -> None:
     holder = make_store()
-    granted = await holder.try_acquire("a_1", 2, 0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
     async with watching(make_store()) as seen:
         await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
         last_version = seen[-1].version if seen[-1] else None
@@ -107,7 +108,7 @@ async def test_a_watch_too_old_to_resume_lists_again(
     make_store: StoreFactory, fake: FakeApiServer
 ) -> None:
     holder = make_store()
-    granted = await holder.try_acquire("a_1", 2, 0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
     async with watching(make_store()) as seen:
         await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
         fake.cluster.bump()
@@ -123,7 +124,7 @@ async def test_the_watch_outlives_a_partition_without_raising(
     make_store: StoreFactory, fake: FakeApiServer
 ) -> None:
     holder = make_store()
-    granted = await holder.try_acquire("a_1", 2, 0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
     async with watching(make_store()) as seen:
         await until(lambda: len(seen) == 1 and len(watch_requests(fake)) == 1)
         await fake.partition()
@@ -143,7 +144,7 @@ async def test_the_watch_keeps_trying_while_rbac_refuses_it(
         await until(lambda: len(list_requests(fake)) >= 3)  # refused, backing off, retrying
         assert seen == []
         fake.faults = fake.faults.parse({})
-        await holder.try_acquire("a_1", 2, 0)
+        await holder.try_acquire("a_1", 2, 0, expected=None)
         await until(lambda: any(r is not None and r.holder == "a_1" for r in seen))
 
 
@@ -152,7 +153,7 @@ async def test_the_watch_starts_again_when_the_server_ends_it(
 ) -> None:
     """timeoutSeconds runs out: a clean end, a new watch from the last resourceVersion."""
     holder = make_store()
-    granted = await holder.try_acquire("a_1", 2, 0)
+    granted = await holder.try_acquire("a_1", 2, 0, expected=None)
     async with watching(make_store(watch_timeout=1.0)) as seen:
         await until(lambda: len(watch_requests(fake)) >= 2, timeout=4)
         await holder.renew("a_1", granted.term, 2)
