@@ -39,10 +39,10 @@ class FlakyStore:
         return await self.inner.read()
 
     async def try_acquire(
-        self, identity: str, duration: float, min_term: int, *, after_reset: bool = False
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
         await self._gate("acquire")
-        return await self.inner.try_acquire(identity, duration, min_term, after_reset=after_reset)
+        return await self.inner.try_acquire(identity, duration, min_term, expected=expected)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
         await self._gate("renew")
