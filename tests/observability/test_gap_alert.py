@@ -228,7 +228,7 @@ async def test_a_gap_that_ends_in_demotion_and_a_new_term_starts_a_new_episode(
     assert rig.gauge("leader_sidecar_seconds_since_renewal") == 0.0
 
     rig.store.down = False
-    rig.advance(1.0)  # the lease (10 s) has expired at the store
+    rig.advance(1.0)  # the record still names us, who no longer lead: taken back at once
     await rig.lead()
     assert rig.elector.status().term > first_term
     rig.store.down = True
