@@ -226,7 +226,7 @@ async def test_deleting_the_lease_while_leading_never_reuses_a_term(
             first = await observer.leader(timeout=10)
             assert first.term is not None
             for proc in procs:  # every replica has seen the term (a replica that never saw
-                # it cannot know it: see README, "Deleting the Lease")
+                # it cannot know it: see docs/kubernetes.md, "Deleting the Lease")
                 await observer.wait_for(
                     lambda s, name=proc.name: (
                         s.name == name
