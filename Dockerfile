@@ -1,4 +1,4 @@
-# leader-sidecar: leader election next to your app (see README.md, "Helm chart and container image").
+# leader-sidecar: leader election next to your app (see docs/helm.md).
 #
 #   docker build -t leader-sidecar .
 #   docker run --rm --read-only leader-sidecar --help

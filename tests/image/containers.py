@@ -31,6 +31,8 @@ STORAGE = ["--storage-driver", "vfs"]
 # runc in this sandbox.
 RUN_FLAGS = ["--runtime", "runc"]
 RUN_LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+# A build in the background yields the CPU to the tests running meanwhile.
+NICE = ["nice", "-n", "10"]
 
 
 def run(
@@ -79,8 +81,9 @@ def _locked() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_base_image() -> str:
+def ensure_base_image(*, nice: bool = False) -> str:
     """The debootstrapped base, built once per machine (about 40 s) and then reused."""
+    prefix = NICE if nice else []
     with _locked():
         if image_exists(BASE_IMAGE):
             return BASE_IMAGE
@@ -89,6 +92,7 @@ def ensure_base_image() -> str:
             rootfs = Path(work) / "rootfs"
             run(
                 [
+                    *prefix,
                     debootstrap,
                     "--variant=minbase",
                     "--include=python3,python3-venv,ca-certificates",
@@ -108,7 +112,7 @@ def ensure_base_image() -> str:
             ):
                 shutil.rmtree(rootfs / trim, ignore_errors=True)
             tarball = Path(work) / "rootfs.tar"
-            run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], timeout=300)
+            run([*prefix, "tar", "-C", str(rootfs), "-cf", str(tarball), "."], timeout=300)
             podman(
                 "import",
                 "--change",
@@ -122,13 +126,14 @@ def ensure_base_image() -> str:
         return BASE_IMAGE
 
 
-def build_image(tag: str, base: str) -> subprocess.CompletedProcess[str]:
+def build_image(tag: str, base: str, *, nice: bool = False) -> subprocess.CompletedProcess[str]:
     """``buildah bud`` of the repository's Dockerfile against `base`. pip inside the build
     reaches PyPI through this machine's TLS proxy, hence its CA bundle mounted read-only."""
     revision = run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], timeout=30, check=False
     )
     args = [
+        *(NICE if nice else []),
         require_binary("buildah"),
         *STORAGE,
         "bud",

@@ -5,15 +5,15 @@ SIGTERM releases and exits 0 at once. Two replicas sharing a volume elect exactl
 Configured exactly as the Helm chart configures the container, it leads on the Kubernetes store
 (the project's fake API server) and labels its pod leader, then follower on SIGTERM.
 
-Slow (a debootstrapped base the first time, ~40 s; the build ~30 s, it downloads the
-dependencies from PyPI): marked ``image``. It runs in CI (``CI=true``); elsewhere it is opt-in:
+Slow (a debootstrapped base the first time, ~40 s; the build 70-100 s, it downloads the
+dependencies from PyPI; it starts in the background at collection, see background.py): marked
+``image``. It runs in CI (``CI=true``); elsewhere it is opt-in:
 ``python -m pytest -m image tests/image`` or LEADER_SIDECAR_IMAGE_TESTS=1.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -28,13 +28,8 @@ from typing import Any
 import pytest
 
 from tests.chart.helm import Helm, one, sidecar
-from tests.image.containers import (
-    build_image,
-    ensure_base_image,
-    inspect_image,
-    podman,
-    podman_run,
-)
+from tests.image.background import TOOLS, BackgroundBuild, wanted
+from tests.image.containers import inspect_image, podman, podman_run
 from tests.support.tools import REPO, require_binary
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -42,29 +37,18 @@ pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1200)]
 UID = "65532"
 
 
-def wanted(config: pytest.Config) -> bool:
-    if os.environ.get("CI") or os.environ.get("LEADER_SIDECAR_IMAGE_TESTS") == "1":
-        return True
-    markexpr = config.getoption("markexpr") or ""
-    return "image" in markexpr and "not image" not in markexpr
-
-
 @pytest.fixture(scope="module")
-def image(request: pytest.FixtureRequest) -> Iterator[str]:
+def image(request: pytest.FixtureRequest, image_build: BackgroundBuild) -> str:
+    """The image built from the Dockerfile: started in the background at collection (see
+    tests/image/background.py), waited for here."""
     if not wanted(request.config):
         pytest.skip(
             "builds the image (~1-2 min): opt-in outside CI with "
             "`python -m pytest -m image tests/image` or LEADER_SIDECAR_IMAGE_TESTS=1"
         )
-    for tool in ("buildah", "podman", "runc", "debootstrap"):
+    for tool in TOOLS:
         require_binary(tool)
-    base = ensure_base_image()
-    tag = f"localhost/leader-sidecar-test/image:{uuid.uuid4().hex[:12]}"
-    build_image(tag, base)
-    try:
-        yield tag
-    finally:
-        podman("rmi", "--force", tag, check=False)
+    return image_build.tag()
 
 
 @pytest.fixture

@@ -229,7 +229,7 @@ async def test_deleting_the_lease_while_leading_puts_it_back_and_never_gives_its
             first = await observer.leader(timeout=10)
             assert first.term is not None
             for proc in procs:  # every replica has seen the term (a replica that never saw
-                # it cannot know it: see README, "Deleting the Lease")
+                # it cannot know it: see docs/kubernetes.md, "Deleting the Lease")
                 await observer.wait_for(
                     lambda s, name=proc.name: (
                         s.name == name

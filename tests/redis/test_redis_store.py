@@ -16,6 +16,7 @@ from sidecar.backends.redis import RedisLeaseStore, lease_keys
 from tests.redis.conftest import StoreFactory
 from tests.redis.servers import RedisServer, wait_until
 from tests.redis.watching import next_matching, watching
+from tests.support.tools import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -448,12 +449,14 @@ async def test_wait_counts_the_writes_of_the_request_itself(
 
 # -- least privilege ------------------------------------------------------------------------
 
-# The ACL the README recommends, verbatim.
-README_ACL = (
-    "on >pw resetkeys ~leader-sidecar:* resetchannels &leader-sidecar:* -@all "
-    "+get +set +del +incr +pttl +publish +subscribe +unsubscribe +eval +evalsha +script|load "
-    "+wait +ping +client|setname"
-)
+
+def documented_acl() -> str:
+    """The ACL docs/redis.md recommends, read from the page itself (password: ``pw``), so the
+    page and this test cannot drift apart."""
+    prefix = "ACL SETUSER sidecar "
+    page = REPO / "docs" / "redis.md"
+    (line,) = [line for line in page.read_text().splitlines() if line.startswith(prefix)]
+    return line.removeprefix(prefix).replace(">PASSWORD", ">pw")
 
 
 async def test_the_documented_acl_is_enough_for_every_operation(
@@ -464,7 +467,7 @@ async def test_the_documented_acl_is_enough_for_every_operation(
     try:
         replica.replicate(server)
         with server.client() as client:
-            client.execute_command("ACL", "SETUSER", "sidecar", *README_ACL.split())
+            client.execute_command("ACL", "SETUSER", "sidecar", *documented_acl().split())
             client.script_flush()  # the scripts must be loadable by this user too
         url = f"redis://sidecar:pw@127.0.0.1:{server.port}/0"
         store, follower = make_store(url, min_replicas=1), make_store(url)

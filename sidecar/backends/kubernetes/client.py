@@ -33,7 +33,7 @@ USER_AGENT = "leader-sidecar"
 RBAC_FIX = (
     "grant the sidecar's service account a Role with leases get/list/watch/create/update/patch "
     "and events create in the Lease's namespace, and pods patch in the pods' namespace "
-    "(see README, 'RBAC'; the Helm chart renders exactly this)"
+    "(see docs/kubernetes.md, 'RBAC'; the Helm chart renders exactly this)"
 )
 
 
