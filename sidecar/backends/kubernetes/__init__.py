@@ -85,7 +85,6 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
     """Relabel pods, then record the Event, on every transition."""
     from sidecar.backends.kubernetes.demotion import PodRoleLabel
 
-    warm_up(core=True)
     api, lease_uid = _api_of(config, store)
     actions: list[Action] = []
     if config.role_label_key and config.pod_name:

@@ -84,15 +84,15 @@ def _describe(status: int, reason: str, message: str) -> str:
     return f"HTTP {status} {reason}: {message}" if message else f"HTTP {status} {reason}"
 
 
-def warm_up(*, core: bool = False) -> None:
-    """Import the client modules now, at start-up, not inside the event loop on first use:
-    ``kubernetes.aio.client`` takes ~0.3 s to import and the generated CoreV1Api module
-    another ~0.5 s, long enough to delay a renewal if it happened during the first transition."""
+def warm_up() -> None:
+    """Import what the lease needs now, at start-up, not inside the event loop on first use:
+    ``kubernetes.aio.client`` takes ~0.3 s to import, long enough to delay a renewal."""
     import kubernetes.aio.client.api.coordination_v1_api
-    import kubernetes.aio.config
+    import kubernetes.aio.config  # noqa: F401
 
-    if core:
-        import kubernetes.aio.client.api.core_v1_api  # noqa: F401
+
+def _import_core_api() -> None:
+    import kubernetes.aio.client.api.core_v1_api  # noqa: F401
 
 
 def in_cluster() -> bool:
@@ -108,6 +108,7 @@ class KubeApi:
         self._client: Any = None
         self._lock = asyncio.Lock()
         self._forbidden_logged: dict[str, float] = {}
+        self._core_imported: asyncio.Future[None] | None = None
         self.server = "in-cluster" if kubeconfig is None else f"kubeconfig {kubeconfig}"
 
     async def client(self) -> Any:
@@ -140,6 +141,12 @@ class KubeApi:
         return client.CoordinationV1Api(await self.client())
 
     async def core(self) -> Any:
+        """CoreV1Api (pod labels, Events), imported on first use, on a thread: the generated
+        module costs ~0.5 s and ~20 MiB, which a replica that never leads never needs, and an
+        import on the event loop would stall renewals for that long."""
+        if self._core_imported is None:
+            self._core_imported = asyncio.ensure_future(asyncio.to_thread(_import_core_api))
+        await asyncio.shield(self._core_imported)
         from kubernetes.aio import client
 
         return client.CoreV1Api(await self.client())
