@@ -74,6 +74,9 @@ async def test_after_a_failover_the_store_moves_to_the_new_master_within_seconds
         assert renewed is not None, "the renewal never reached the new master"
         assert old.role() == "master", "the old master converted already; the test proves nothing"
         assert renewed.term == granted.term
+        # Versions carry the store's epoch, bumped by the switch: a version seen on the old
+        # master is never taken for one on the new master.
+        assert renewed.version.rpartition("~")[2] != granted.version.rpartition("~")[2]
         # The watch moved too: a release on the new master reaches it.
         await store.release("a_1", granted.term)
         record = await next_matching(seen, lambda r: r is not None and r.free, timeout=2)

@@ -216,6 +216,33 @@ async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
         await store.try_acquire("a_1", 5.0, 0, expected=None)
 
 
+async def test_a_version_seen_before_the_connection_failed_is_no_basis_for_a_grant(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Every failed request bumps the store's epoch (the server may have restarted and lost
+    writes): a version observed before it is refused even though the stored record did not
+    change, with the record as seen now, under a new epoch, which a follower times anew."""
+    holder, follower = make_store(server.url), make_store(server.url, request_timeout=0.3)
+    granted = await holder.try_acquire("a_1", 5.0, 0, expected=None)
+    seen = await follower.read()
+    assert seen is not None
+    server.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await follower.read()
+    finally:
+        server.resume()
+    with pytest.raises(LeaseHeld) as refused:
+        await follower.try_acquire("b_1", 5.0, 0, expected=seen.version)
+    now = refused.value.record
+    assert now is not None
+    assert (now.holder, now.term) == ("a_1", granted.term)
+    assert stored_version(now.version) == stored_version(seen.version)  # nothing was written
+    assert now.version != seen.version
+    taken = await follower.try_acquire("b_1", 5.0, 0, expected=now.version)
+    assert (taken.holder, taken.term) == ("b_1", granted.term + 1)
+
+
 # -- failures are StoreUnavailable, and bounded ---------------------------------------------
 
 
