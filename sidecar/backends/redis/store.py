@@ -314,6 +314,8 @@ class RedisLeaseStore:
     ) -> LeaseRecord | None:
         args: list[str | int] = [
             identity, term, self._channel, "1" if publish else "0", _new_version(),
+            # The release does not know the lease; keep its value as long as the longest GC
+            # (20 minutes): until it goes, a starting replica may take the lease at once.
             self._gc_ms(self.GC_MIN),
         ]  # fmt: skip
         reply = await self._release(keys=self._args_keys(), args=args, client=client)
