@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -27,6 +26,8 @@ from typing import Protocol
 
 import aiohttp
 import redis.asyncio
+
+from tests.support.sidecars import cancel_and_wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,20 +167,20 @@ class FencedWriter:
         self.counts = WriterCounts()
         self.seq = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self, session: aiohttp.ClientSession) -> None:
         self._task = asyncio.create_task(self._run(session), name=f"writer-{self.name}")
 
     async def stop(self) -> None:
+        self._stopping = True  # the loop's own check: a cancel() can be lost (see below)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _run(self, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=self.TIMEOUT)
         etag: str | None = None  # of the last 503: long-poll until the state differs
-        while True:
+        while not self._stopping:
             url, headers = self.url(), {}
             if etag is not None:
                 url, headers = f"{url}?wait={self.FOLLOWER_WAIT}", {"If-None-Match": etag}

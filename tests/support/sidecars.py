@@ -233,9 +233,7 @@ class LeaderObserver:
         self._tasks.append(asyncio.create_task(self._poll(sidecar)))
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         assert self._session is not None
         await self._session.close()
 
@@ -307,6 +305,23 @@ class LeaderObserver:
 
     def count(self) -> int:
         return len(self.samples)
+
+
+async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]], rounds: int = 20) -> None:
+    """Cancel until done. A cancellation that lands as a client timeout fires is turned into
+    a TimeoutError by aiohttp (and redis.asyncio), which a polling loop catches and carries
+    on: one cancel() is then lost and a plain gather() waits forever (seen in the chaos
+    suite). Each round waits at most 0.5 s."""
+    pending = {task for task in tasks if not task.done()}
+    for _round in range(rounds):
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=0.5)
+    if pending:
+        raise AssertionError(f"{len(pending)} task(s) did not stop: {pending}")
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
