@@ -1,341 +1,251 @@
-"""Benchmarks: run on purpose, never in CI. Prints one table per store.
+"""Benchmarks: run on purpose, never in CI. Prints one table: our sidecar beside the anchors,
+on the same store and timing, in the same run.
 
-    python -m benchmarks.run                 # SQLite, and Redis if redis-server is installed
-    python -m benchmarks.run --lease 2s --rounds 5 --stores sqlite
+    python -m benchmarks.run                       # both stores, 10 trials per measure
+    python -m benchmarks.run --stores redis --trials 3
 
-What it measures, on real sidecar processes (3 replicas unless said otherwise):
-
-- failover after a crash: SIGKILL the leader → first 200 from another replica
-- hand-off after a release: SIGTERM the leader → first 200 from another replica
-- demotion latency: the store stalls (SQLite: another process holds the write lock; Redis:
-  SIGSTOP) → the leader's first 503, next to the bound it promises (lease - safety margin
-  after its last renewal) and the earliest the store could let another replica in
-- /leader requests per second and latency (wrk if installed, else an aiohttp client)
-- store requests per second per replica in steady state (from the metrics)
-- RSS of each sidecar
+Kubernetes (the in-repo fake API server, its own process; lease 3 s, renew 1 s — the shortest
+the official elector takes): our sidecar vs the official client's elector
+(``kubernetes.aio.leaderelection`` + ``LeaseLock``, `benchmarks/anchors/k8s_elector.py`).
+Redis (one redis-server; lease 1 s, renew every 1/3 s): our sidecar vs the redis-py ``Lock``
+recipe (`benchmarks/anchors/redis_lock.py`). Three replicas of each, real processes, polled by
+the same observer; see `benchmarks/measures.py` for what each row measures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import os
 import re
 import shutil
-import signal
-import sqlite3
-import statistics
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
-from sidecar.config import Timing, parse_duration
-from tests.support.sidecars import LeaderObserver, SidecarProcess
-
-Row = tuple[str, str]
-
-
-# -- stores -------------------------------------------------------------------------------------
-
-
-class Store:
-    name = ""
-    url = ""
-
-    def stall(self) -> None: ...
-
-    def unstall(self) -> None: ...
-
-    def close(self) -> None: ...
+from benchmarks import measures
+from benchmarks.measures import Pool
+from benchmarks.processes import AnchorProcess
+from benchmarks.report import Cell, Row, table
+from benchmarks.systems import (
+    KubeStore,
+    OfficialOnKube,
+    OursOnKube,
+    OursOnRedis,
+    RecipeOnRedis,
+    RedisStore,
+    System,
+)
 
 
-class SQLiteStore(Store):
-    name = "sqlite"
-
-    def __init__(self, tmp: Path) -> None:
-        self.path = tmp / "bench.db"
-        self.url = f"sqlite:///{self.path}"
-        self._release = threading.Event()
-        self._holder: threading.Thread | None = None
-
-    def stall(self) -> None:
-        """Hold SQLite's write lock from another process's point of view: every renewal then
-        fails with 'database is locked' after its busy timeout."""
-        locked = threading.Event()
-
-        def hold() -> None:
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-            conn.execute("BEGIN EXCLUSIVE")
-            locked.set()
-            self._release.wait()
-            conn.execute("ROLLBACK")
-            conn.close()
-
-        self._release.clear()
-        self._holder = threading.Thread(target=hold, daemon=True)
-        self._holder.start()
-        locked.wait(10)
-
-    def unstall(self) -> None:
-        self._release.set()
-        if self._holder:
-            self._holder.join(10)
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-class RedisStore(Store):
-    name = "redis"
-
-    def __init__(self, tmp: Path) -> None:
-        binary = shutil.which("redis-server")
-        assert binary
-        with contextlib.closing(__import__("socket").socket()) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(
-                ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
-            ).stdout.strip()
-            != "PONG"
-        ):
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-
-    def stall(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def unstall(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.kill()
-        self.proc.wait()
-
-
-STORES: dict[str, Callable[[Path], Store]] = {"sqlite": SQLiteStore}
-if shutil.which("redis-server") and shutil.which("redis-cli"):
-    STORES["redis"] = RedisStore
-
-
-# -- measurements --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def replicas(store: Store, count: int, lease: str, prefix: str) -> Iterator[list[SidecarProcess]]:
-    procs = []
-    try:
-        for i in range(count):
-            procs.append(SidecarProcess.start(f"{prefix}{i}", store.url, lease_duration=lease))
-        yield procs
-    finally:
-        for proc in procs:
-            proc.stop()
-
-
-@contextlib.asynccontextmanager
-async def observed(procs: list[SidecarProcess]) -> AsyncIterator[LeaderObserver]:
-    async with LeaderObserver(procs) as observer:
-        yield observer
-        overlaps = observer.two_leaders_at_once()
-        if overlaps:
-            raise AssertionError(f"two leaders at once during the benchmark: {overlaps[:2]}")
-
-
-async def hand_over(store: Store, lease: str, signum: int, rounds: int) -> list[float]:
-    times = []
-    for round_ in range(rounds):
-        with replicas(store, 3, lease, f"r{round_}-") as procs:
-            async with observed(procs) as observer:
-                first = await observer.leader(timeout=30)
-                leader = next(p for p in procs if p.name == first.name)
-                began = time.time()
-                leader.signal(signum)
-                successor = await observer.wait_for(
-                    lambda s, f=first.name, t=began: s.leader and s.name != f and s.sent >= t,
-                    timeout=60,
-                )
-                times.append(successor.received - began)
-    return times
-
-
-async def demotion(store: Store, lease: str, rounds: int) -> list[tuple[float, float]]:
-    """(seconds from stall to the leader's first 503, seconds it had promised at most)."""
-    timing = Timing.build(parse_duration(lease))
+async def _trials(label: str, trials: int, one: Callable[[int], object]) -> list[object]:
     results = []
-    for round_ in range(rounds):
-        with replicas(store, 1, lease, f"d{round_}-") as procs:
-            async with observed(procs) as observer:
-                await observer.leader(timeout=30)
-                await asyncio.sleep(timing.renew_interval * 1.5)
-                last_renewal_bound = time.time()  # a renewal happened within one interval
-                store.stall()
-                stalled = time.time()
-                try:
-                    answer = await observer.wait_for(
-                        lambda s, t=stalled: s.status == 503 and s.sent >= t, timeout=60
-                    )
-                finally:
-                    store.unstall()
-                promised = timing.lease_duration - timing.safety_margin
-                results.append(
-                    (answer.received - stalled, promised - (stalled - last_renewal_bound))
-                )
+    for i in range(trials):
+        results.append(await one(i))  # type: ignore[misc]
+    _log(f"{label}: {results}")
     return results
 
 
-async def leader_throughput(sidecar: SidecarProcess, seconds: float = 5.0) -> Row:
-    url = f"http://{sidecar.local}/leader"
-    wrk = shutil.which("wrk")
-    if wrk:
-        finished = await asyncio.to_thread(
-            subprocess.run,
-            [wrk, "-t2", "-c32", f"-d{int(seconds)}s", "--latency", url],
-            capture_output=True,
-            text=True,
-            check=True,
+async def bench_store(store: KubeStore | RedisStore, ours: System, theirs: System, trials: int,
+                      throughput: bool, tmp: Path) -> list[Row]:  # fmt: skip
+    short = "K8s" if isinstance(store, KubeStore) else "Redis"
+    rows: list[Row] = []
+    # start → leader: one process on an empty lease, ours and theirs alternately
+    starts: dict[str, list[float]] = {"ours": [], "theirs": []}
+    for i in range(trials):
+        starts["ours"].append(await measures.start_to_leader(ours, str(i)))
+        starts["theirs"].append(await measures.start_to_leader(theirs, str(i)))
+    _log(f"{short} start→leader: {starts}")
+    ours.reset()
+    theirs.reset()
+    async with Pool(ours) as po, Pool(theirs) as pt:
+        pools = [po, pt]
+
+        async def both(trial: Callable[[Pool], object]) -> tuple[object, object]:
+            a, b = await asyncio.gather(trial(po), trial(pt))  # type: ignore[arg-type]
+            return a, b
+
+        rates = await _trials(f"{short} store rates", trials, lambda i: both(measures.store_rates))
+        crashes = await _trials(f"{short} crash", trials, lambda i: both(measures.crash))
+        handoffs = await _trials(f"{short} hand-off", trials, lambda i: both(measures.handoff))
+        takeovers = await _trials(f"{short} takeover", trials, lambda i: both(measures.takeover))
+        stalls = await _trials(
+            f"{short} stall",
+            trials,
+            lambda i: measures.stalled(pools, store.stall, store.unstall, store.lease * 1.5),
         )
-        out = finished.stdout
-        rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-        p50 = re.search(r"50%\s+([\d.]+\w+)", out)
-        p99 = re.search(r"99%\s+([\d.]+\w+)", out)
-        return (
-            f"{float(rps.group(1)):,.0f} req/s (wrk -t2 -c32)" if rps else "?",
-            f"p50 {p50.group(1) if p50 else '?'}, p99 {p99.group(1) if p99 else '?'}",
-        )
-    latencies: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        end = time.monotonic() + seconds
+        splits = await _trials(f"{short} split brain", trials, lambda i: both(measures.split_brain))
+        leader_rows = await leader_throughput(po, trials, tmp) if throughput else []
 
-        async def worker() -> None:
-            while time.monotonic() < end:
-                began = time.perf_counter()
-                async with session.get(url) as response:
-                    await response.read()
-                latencies.append(time.perf_counter() - began)
+    def col(
+        results: list[object], side: int, pick: Callable[[object], object] = lambda v: v
+    ) -> list:
+        return [pick(r[side]) for r in results]  # type: ignore[index]
 
-        await asyncio.gather(*(worker() for _ in range(16)))
-    latencies.sort()
-    return (
-        f"{len(latencies) / seconds:,.0f} req/s (aiohttp client, 16 workers)",
-        f"p50 {latencies[len(latencies) // 2] * 1000:.2f}ms, "
-        f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:.2f}ms",
-    )
+    lease = f"lease {store.lease:g} s"
+    never_release = theirs.ours is False and isinstance(theirs, OfficialOnKube)
+    rows += [
+        (
+            f"{short}: crash failover, overshoot past the earliest take (SIGKILL at a random "
+            f"moment; earliest = last write at the store + {lease})",
+            Cell(col(crashes, 0, lambda v: v[0])),
+            Cell(col(crashes, 1, lambda v: v[0])),
+        ),
+        (
+            f"{short}: hand-off after SIGTERM (signal → successor leads)",
+            Cell(col(handoffs, 0)),
+            Cell(
+                col(handoffs, 1),
+                note="(never releases: this is its failover)" if never_release else "",
+            ),
+        ),
+        (
+            f"{short}: demotion after a takeover (another identity granted at the store → old "
+            "leader stops claiming)",
+            Cell(col(takeovers, 0), never=f"still claiming after {3 * store.lease:g} s"),
+            Cell(col(takeovers, 1), never=f"still claiming after {3 * store.lease:g} s"),
+        ),
+        (
+            f"{short}: store stalls for {1.5 * store.lease:g} s → leader stops claiming, relative "
+            "to the moment another replica could be granted (negative = before)",
+            Cell(col(stalls, 0), kind="signed", never="claimed through the stall"),
+            Cell(col(stalls, 1), kind="signed", never="claimed through the stall"),
+        ),
+        (
+            f"{short}: split brain after SIGSTOP of the leader for 2 leases, SIGCONT (time both "
+            "claim)",
+            Cell(col(splits, 0)),
+            Cell(col(splits, 1)),
+        ),
+        (
+            f"{short}: store requests/s, leader",
+            Cell(col(rates, 0, lambda v: v[0]), kind="rate"),
+            Cell(col(rates, 1, lambda v: v[0]), kind="rate"),
+        ),
+        (
+            f"{short}: store requests/s, each follower",
+            Cell([x for v in col(rates, 0, lambda v: v[1]) for x in v], kind="rate"),
+            Cell([x for v in col(rates, 1, lambda v: v[1]) for x in v], kind="rate"),
+        ),
+        (
+            f"{short}: RSS, leader (sampled before each crash trial's kill)",
+            Cell(col(crashes, 0, lambda v: v[1]), kind="mib"),
+            Cell(col(crashes, 1, lambda v: v[1]), kind="mib"),
+        ),
+        (
+            f"{short}: RSS, each follower (same moments)",
+            Cell([x for v in col(crashes, 0, lambda v: v[2]) for x in v], kind="mib"),
+            Cell([x for v in col(crashes, 1, lambda v: v[2]) for x in v], kind="mib"),
+        ),
+        (
+            f"{short}: start → leader, empty lease (spawn → its reign)",
+            Cell(starts["ours"]),
+            Cell(starts["theirs"]),
+        ),
+    ]
+    return rows + leader_rows
 
 
-async def store_rate(procs: list[SidecarProcess], seconds: float) -> list[float]:
-    async def total(proc: SidecarProcess) -> float:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://{proc.public}/metrics") as response,
-        ):
-            text = await response.text()
-        return sum(
-            float(m.group(1))
-            for m in re.finditer(
-                r"^leader_sidecar_store_requests_total\{[^}]*\} ([\d.e+]+)$", text, re.M
-            )
-        )
-
-    before = [await total(p) for p in procs]
-    await asyncio.sleep(seconds)
-    after = [await total(p) for p in procs]
-    return [(b - a) / seconds for a, b in zip(before, after, strict=True)]
+# -- /leader throughput beside a bare aiohttp handler answering the same bytes ------------------
 
 
-def rss_mib(proc: SidecarProcess) -> float:
-    status = Path(f"/proc/{proc.proc.pid}/status").read_text()
-    match = re.search(r"VmRSS:\s+(\d+) kB", status)
-    return int(match.group(1)) / 1024 if match else float("nan")
+def _wrk(url: str, seconds: int) -> tuple[float, float]:
+    out = subprocess.run(
+        ["wrk", "-t2", "-c32", f"-d{seconds}s", "--latency", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)\b", out)
+    assert rps, out
+    assert p99, out
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}[p99.group(2)]
+    return float(rps.group(1)), float(p99.group(1)) * scale
 
 
-def spread(values: list[float], unit: str = "s") -> str:
-    if not values:
-        return "-"
-    if unit == "ms":
-        return (
-            f"median {statistics.median(values) * 1000:.0f} ms, "
-            f"max {max(values) * 1000:.0f} ms (n={len(values)})"
-        )
-    return f"median {statistics.median(values):.2f} s, max {max(values):.2f} s (n={len(values)})"
+async def leader_throughput(pool: Pool, trials: int, tmp: Path) -> list[Row]:
+    if not shutil.which("wrk"):
+        _log("wrk not installed: apt-get install -y wrk; /leader throughput skipped")
+        return []
+    _, leader = await pool.leader()
+    async with aiohttp.ClientSession() as session, session.get(leader.leader_url) as response:
+        body = await response.read()
+        headers = [f"{k}:{response.headers[k]}" for k in ("Content-Type", "ETag", "Cache-Control")
+                   if k in response.headers]  # fmt: skip
+    (tmp / "body.json").write_bytes(body)
+    args = ["--body-file", str(tmp / "body.json")] + [a for h in headers for a in ("--header", h)]
+    bare = await asyncio.to_thread(AnchorProcess.start, "bare_leader", "bare", args)
+    ours_runs, bare_runs = [], []
+    try:
+        for _ in range(trials):
+            ours_runs.append(await asyncio.to_thread(_wrk, leader.leader_url, 2))
+            bare_runs.append(await asyncio.to_thread(_wrk, bare.leader_url, 2))
+    finally:
+        bare.stop()
+    _log(f"/leader wrk ours {ours_runs} bare {bare_runs}")
+    return [
+        (
+            f"`/leader` throughput, `wrk -t2 -c32` 2 s runs ({len(body)}-byte body; theirs: a "
+            "bare aiohttp handler answering the same bytes)",
+            Cell([r for r, _ in ours_runs], kind="rps"),
+            Cell([r for r, _ in bare_runs], kind="rps"),
+        ),
+        (
+            "`/leader` latency p99 per run (same runs)",
+            Cell([p for _, p in ours_runs]),
+            Cell([p for _, p in bare_runs]),
+        ),
+    ]
 
 
-async def bench(store_name: str, lease: str, rounds: int) -> list[Row]:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = STORES[store_name](Path(tmp))
-        try:
-            rows: list[Row] = []
-            rows.append(
-                (
-                    "failover after SIGKILL",
-                    spread(await hand_over(store, lease, signal.SIGKILL, rounds)),
-                )
-            )
-            rows.append(
-                (
-                    "hand-off after SIGTERM (release)",
-                    spread(await hand_over(store, lease, signal.SIGTERM, rounds), "ms"),
-                )
-            )
-            demoted = await demotion(store, lease, rounds)
-            rows.append(
-                (
-                    "demotion after the store stalls",
-                    spread([d for d, _ in demoted])
-                    + f"; promised ≤ {max(p for _, p in demoted):.2f} s",
-                )
-            )
-            with replicas(store, 3, lease, "s-") as procs:
-                async with observed(procs) as observer:
-                    first = await observer.leader(timeout=30)
-                leader = next(p for p in procs if p.name == first.name)
-                rows.append(("/leader on the leader", " — ".join(await leader_throughput(leader))))
-                rates = await store_rate(procs, 10.0)
-                note = (
-                    " (plus the SQLite watch: one local PRAGMA data_version read per 50 ms)"
-                    if store.name == "sqlite"
-                    else ""
-                )
-                rows.append(
-                    (
-                        "store requests per replica",
-                        ", ".join(
-                            f"{p.name}{' (leader)' if p is leader else ''} {r:.2f}/s"
-                            for p, r in zip(procs, rates, strict=True)
-                        )
-                        + note,
-                    )
-                )
-                rows.append(("RSS per sidecar", ", ".join(f"{rss_mib(p):.0f} MiB" for p in procs)))
-            return rows
-        finally:
-            store.close()
+async def main_async(args: argparse.Namespace) -> str:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for name in args.stores.split(","):
+            _log(f"store {name}")
+            if name == "kubernetes":
+                store: KubeStore | RedisStore = KubeStore(tmp)
+                systems: tuple[System, System] = (OursOnKube(store), OfficialOnKube(store))
+            elif name == "redis":
+                store = RedisStore(tmp)
+                systems = (OursOnRedis(store), RecipeOnRedis(store))
+            else:
+                raise SystemExit(f"--stores: unknown store {name!r} (kubernetes, redis)")
+            try:
+                rows += await bench_store(
+                    store, *systems, args.trials, throughput=name == args.stores.split(",")[-1],
+                    tmp=tmp,
+                )  # fmt: skip
+            finally:
+                store.close()
+    return table(rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lease", default="2s")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--stores", default=",".join(STORES))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--stores", default="kubernetes,redis")
+    parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
-    for name in args.stores.split(","):
-        rows = asyncio.run(bench(name, args.lease, args.rounds))
-        print(f"\n### store: {name}, lease {args.lease}, 3 replicas\n")
-        print("| measure | result |\n|---|---|")
-        for measure, result in rows:
-            print(f"| {measure} | {result} |")
+    began = time.monotonic()
+    text = main_async_result = asyncio.run(main_async(args))
+    print()
+    print(text)
+    print(
+        f"\n{args.trials} trials per measure, {os.cpu_count()} CPUs, "
+        f"{time.monotonic() - began:.0f} s; command: python -m benchmarks.run "
+        f"--stores {args.stores} --trials {args.trials}"
+    )
+    del main_async_result
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Processes under test: our sidecar (`tests.support.sidecars.SidecarProcess`) and the
+anchors, behind one small interface the observer and the measures use."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class AnchorProcess:
+    """``python -m benchmarks.anchors.<module> …``; ready once it prints its listening line.
+    Duck-types `SidecarProcess` where `LeaderObserver` needs it (``name``, ``proc``,
+    ``leader_url``)."""
+
+    def __init__(self, proc: subprocess.Popen[str], name: str, info: dict[str, str]) -> None:
+        self.proc = proc
+        self.name = name
+        self.local = info["listening"]
+        self.identity = info["identity"]
+        self.errors: list[str] = []
+        self._drain = threading.Thread(target=self._read_errors, daemon=True)
+        self._drain.start()
+
+    @classmethod
+    def start(
+        cls, module: str, name: str, args: Sequence[str], timeout: float = 15.0
+    ) -> AnchorProcess:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"benchmarks.anchors.{module}", "--name", name, *args],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        got: dict[str, str] = {}
+
+        def first_line() -> None:
+            assert proc.stdout is not None
+            got["line"] = proc.stdout.readline()
+
+        reader = threading.Thread(target=first_line, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        line = got.get("line", "")
+        if not line.startswith("{"):
+            proc.kill()
+            _, err = proc.communicate(timeout=5)
+            raise RuntimeError(f"anchor {module} did not start: {line!r} {err[-2000:]}")
+        return cls(proc, name, json.loads(line))
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors.append(line.rstrip("\n"))
+            del self.errors[:-200]
+
+    @property
+    def leader_url(self) -> str:
+        return f"http://{self.local}/leader"
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(5)
+
+
+def rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"VmRSS:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else float("nan")

@@ -1,0 +1,376 @@
+"""The stores (the fake Kubernetes API server, a redis-server) and the systems on them: our
+sidecar and the anchor for that store, with the same lease and renew interval.
+
+Each system knows how to start a replica, where its lease lives on the store, when the store
+last accepted a write to that lease (the store's own record: the fake's request log, Redis
+``MONITOR``), how to reset the lease to empty, and how to hand the lease to an intruder the way
+another candidate's grant would look."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import redis
+
+from benchmarks.processes import AnchorProcess
+from tests.fakekube import FakeKubeProcess
+from tests.support.sidecars import SidecarProcess
+
+NAMESPACE = "demo"
+Replica = SidecarProcess | AnchorProcess
+
+
+class System(Protocol):
+    label: str
+    ours: bool
+    lease: float  # seconds
+    renew: float  # seconds between the leader's renewals
+
+    def start(self, name: str, slot: str) -> Replica: ...
+    def last_write_before(self, moment: float) -> float | None: ...
+    def reset(self) -> None: ...
+    def takeover(self) -> float: ...
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _micro_time(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- Kubernetes (the fake API server in its own process) ----------------------------------------
+
+
+class KubeStore:
+    name = "Kubernetes (fake API server)"
+    lease = 3.0  # the official elector takes whole seconds, retry >= 1 s, deadline > 1.2 retry
+
+    def __init__(self, tmp: Path) -> None:
+        self.fake = FakeKubeProcess.start()
+        self.kubeconfig = self.fake.kubeconfig(tmp / "kubeconfig", NAMESPACE)
+
+    def wall(self, monotonic: float) -> float:
+        """The fake logs arrival on CLOCK_MONOTONIC, which every process on the host shares."""
+        return monotonic + (time.time() - time.monotonic())
+
+    def last_write_before(self, lease: str, moment: float) -> float | None:
+        writes = [
+            self.wall(r["t"])
+            for r in self.fake.requests()
+            if r["resource"] == "leases"
+            and r["name"] == lease
+            and r["verb"] in ("create", "update", "patch")
+            and r["status"] in (200, 201)
+            and self.wall(r["t"]) <= moment
+        ]
+        return max(writes, default=None)
+
+    def path(self, lease: str) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}"
+
+    def reset(self, lease: str) -> None:
+        """An empty Lease (no holder): what the official elector needs to exist, and a
+        released lease to our sidecar."""
+        self.fake.delete_lease(NAMESPACE, lease)
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease, "namespace": NAMESPACE},
+            "spec": {"leaseDurationSeconds": int(self.lease)},
+        }
+        status, answer = self.fake.request(
+            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", body
+        )
+        if status != 201:
+            raise RuntimeError(f"create lease {lease}: {status} {answer}")
+
+    def takeover(self, lease: str) -> float:
+        """Another candidate's grant: a conditional replace naming ``intruder``, next term."""
+        for _ in range(20):
+            obj = self.fake.lease(NAMESPACE, lease)
+            assert obj is not None
+            now = _micro_time(time.time())
+            spec = obj["spec"]
+            spec["holderIdentity"] = f"intruder_{uuid.uuid4().hex[:8]}"
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["acquireTime"] = spec["renewTime"] = now
+            began = time.time()
+            status, _ = self.fake.request("PUT", self.path(lease), obj)
+            if status == 200:
+                return began
+        raise RuntimeError("takeover: the Lease kept changing")
+
+    def stall(self) -> None:
+        self.fake.set_faults(freeze=True)  # every request held until the faults change
+
+    def unstall(self) -> None:
+        self.fake.clear_faults()
+
+    def close(self) -> None:
+        self.fake.stop()
+
+
+class OursOnKube:
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: KubeStore, lease: str = "bench-ours") -> None:
+        self.store = store
+        self.lease_name = lease
+        self.lease = store.lease
+        self.renew = store.lease / 3
+        if self.ours:
+            for slot in ("0", "1", "2", "start"):  # one pod per slot, for the role labels
+                store.fake.create_pod(NAMESPACE, f"ours-{slot}")
+
+    def start(self, name: str, slot: str) -> Replica:
+        pod = f"ours-{slot}"
+        return SidecarProcess.start(
+            name,
+            "kubernetes",
+            lease_duration=f"{self.lease:g}s",
+            args=[
+                "--lease",
+                self.lease_name,
+                "--namespace",
+                NAMESPACE,
+                "--kubeconfig",
+                str(self.store.kubeconfig),
+                "--pod-name",
+                pod,
+                "--log-level",
+                "info",
+            ],
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        return self.store.last_write_before(self.lease_name, moment)
+
+    def reset(self) -> None:
+        self.store.reset(self.lease_name)
+
+    def takeover(self) -> float:
+        return self.store.takeover(self.lease_name)
+
+
+class OfficialOnKube(OursOnKube):
+    label = "official elector"
+    ours = False
+
+    def __init__(self, store: KubeStore, lease: str = "bench-official") -> None:
+        super().__init__(store, lease)
+        self.renew = 1.0  # its retry period: the leader renews every retry period
+
+    def start(self, name: str, slot: str) -> Replica:
+        return AnchorProcess.start(
+            "k8s_elector",
+            name,
+            [
+                "--kubeconfig",
+                str(self.store.kubeconfig),
+                "--namespace",
+                NAMESPACE,
+                "--lease",
+                self.lease_name,
+                "--lease-duration",
+                str(int(self.lease)),
+                "--renew-deadline",
+                "2",
+                "--retry-period",
+                "1",
+            ],
+        )
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+class RedisStore:
+    name = "Redis"
+    lease = 1.0
+
+    def __init__(self, tmp: Path) -> None:
+        binary = shutil.which("redis-server")
+        if not binary or not shutil.which("redis-cli"):
+            raise RuntimeError("redis-server and redis-cli are needed (apt-get install redis)")
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        deadline = time.monotonic() + 10
+        while self.cli("ping") != "PONG":
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        # The store's own record of every write: MONITOR, read on a thread.
+        self.writes: list[tuple[float, str, str]] = []  # (wall time, command, key)
+        self._monitor = subprocess.Popen(
+            ["redis-cli", "-p", str(self.port), "monitor"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read_monitor, daemon=True)
+        self._reader.start()
+        self._client: redis.Redis | None = None
+
+    _LINE = re.compile(r'^(\d+\.\d+) \[\d+ ([^\]]+)\] "(\w+)" "([^"]*)"')
+
+    def _read_monitor(self) -> None:
+        assert self._monitor.stdout is not None
+        for line in self._monitor.stdout:
+            match = self._LINE.match(line)
+            if match and match.group(3).lower() in ("set", "pexpire"):
+                self.writes.append((float(match.group(1)), match.group(3).lower(), match.group(4)))
+                del self.writes[:-50000]
+
+    def client(self) -> redis.Redis:
+        """A synchronous client in the harness: a write lands within a millisecond of the
+        call (``redis-cli`` would add its own start-up, tens of ms)."""
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.url)
+        return self._client
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run(
+            ["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True
+        ).stdout.strip()
+
+    def stall(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def unstall(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        if self._client is not None:
+            self._client.close()
+        self._monitor.kill()
+        self.proc.kill()
+        self.proc.wait()
+        self._monitor.wait()
+
+
+# A grant to another identity in our record format (sidecar/backends/redis/scripts.py): next
+# term, a new version, published like every grant.
+# KEYS[1] holder, KEYS[2] term counter; ARGV[1] channel, ARGV[2] identity, ARGV[3] version,
+# ARGV[4] wall time, ARGV[5] lease ms, ARGV[6] GC ms.
+_OURS_TAKEOVER = """
+local current = redis.call('GET', KEYS[1])
+local term = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current then
+  local held = cjson.decode(current)
+  if held.term and held.term > term then term = held.term end
+end
+term = term + 1
+redis.call('SET', KEYS[2], string.format('%d', term))
+local value = cjson.encode({holder = ARGV[2], term = term, duration_ms = tonumber(ARGV[5]),
+                            version = ARGV[3], acquired_at = ARGV[4], renewed_at = ARGV[4]})
+redis.call('SET', KEYS[1], value, 'PX', ARGV[6])
+redis.call('PUBLISH', ARGV[1], value)
+return term
+"""
+
+
+class OursOnRedis:
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: RedisStore, lease: str = "bench-ours") -> None:
+        self.store = store
+        self.lease_name = lease
+        self.lease = store.lease
+        self.renew = store.lease / 3
+        base = f"leader-sidecar:{{{lease}}}"
+        self.keys = (f"{base}:holder", f"{base}:term", f"{base}:events")
+
+    def start(self, name: str, slot: str) -> Replica:
+        return SidecarProcess.start(
+            name,
+            self.store.url,
+            lease_duration=f"{self.lease:g}s",
+            args=["--lease", self.lease_name, "--log-level", "info"],
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        key = self.keys[0]
+        return max(
+            (t for t, cmd, k in list(self.store.writes) if k == key and t <= moment),
+            default=None,
+        )
+
+    def reset(self) -> None:
+        self.store.cli("del", self.keys[0], self.keys[1])
+
+    def takeover(self) -> float:
+        holder, term, channel = self.keys
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        client = self.store.client()
+        client.ping()
+        began = time.time()
+        client.eval(
+            _OURS_TAKEOVER, 2, holder, term, channel, f"intruder_{uuid.uuid4().hex[:8]}",
+            uuid.uuid4().hex, stamp, int(self.lease * 1000), int(self.lease * 10000),
+        )  # fmt: skip
+        return began
+
+
+class RecipeOnRedis:
+    label = "redis-py recipe"
+    ours = False
+
+    def __init__(self, store: RedisStore, key: str = "bench-recipe") -> None:
+        self.store = store
+        self.key = key
+        self.lease = store.lease
+        self.renew = store.lease / 3
+
+    def start(self, name: str, slot: str) -> Replica:
+        args = ["--url", self.store.url, "--key", self.key, "--ttl", f"{self.lease:g}"]
+        return AnchorProcess.start("redis_lock", name, args)
+
+    def last_write_before(self, moment: float) -> float | None:
+        """The holder's last TTL reset (``pexpire`` in redis-py's reacquire script); the
+        followers' failing ``SET NX`` are not writes."""
+        return max(
+            (
+                t
+                for t, cmd, k in list(self.store.writes)
+                if k == self.key and cmd == "pexpire" and t <= moment
+            ),
+            default=None,
+        )
+
+    def reset(self) -> None:
+        self.store.cli("del", self.key)
+
+    def takeover(self) -> float:
+        client = self.store.client()
+        client.ping()
+        began = time.time()
+        client.set(self.key, f"intruder-{uuid.uuid4().hex}", px=int(self.lease * 1000))
+        return began
+
+
+def describe(system: Any) -> str:
+    return json.dumps({"system": system.label, "lease": system.lease, "renew": system.renew})
