@@ -9,10 +9,33 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 _FIELDS = "sidecar_fields"
+
+
+class Throttle:
+    """At most one line per ``interval`` seconds for one noisy event; the next line that goes
+    out says how many were dropped in between (``suppressed=N``)."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.suppressed = 0
+        self._next = float("-inf")
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            self.suppressed += 1
+            return False
+        self._next = now + self.interval
+        return True
+
+    def take_suppressed(self) -> int:
+        count, self.suppressed = self.suppressed, 0
+        return count
 
 
 def log(logger: logging.Logger, level: str, message: str, **fields: Any) -> None:

@@ -1,0 +1,256 @@
+"""One listener: a socket, an accept loop, and the limits in front of an aiohttp runner.
+
+We accept connections ourselves instead of through ``TCPSite`` for two reasons. asyncio's own
+accept loop, out of file descriptors (EMFILE), logs an error for every retry and schedules a
+retry per attempt, so a connection flood turned into ~10,000 log lines a second; ours backs off
+and logs once in a while. And a connection past ``--max-connections`` gets a ready-made ``503``
+and is closed before aiohttp spends anything on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from sidecar.config import HostPort
+from sidecar.limits import RETRY_AFTER_SECONDS, Limits
+from sidecar.logs import Throttle, log
+
+logger = logging.getLogger("sidecar.listener")
+
+BACKLOG = 128
+MAX_LINE_BYTES = 8190  # request line (and so the URL); aiohttp's default, stated on purpose
+MAX_HEADER_BYTES = 8190  # one header field
+MAX_HEADERS = 64  # a probe or a scrape sends fewer than 10
+LINGER_SECONDS = 1.0  # reading an unread request body after the answer, before closing
+
+# Out of descriptors or kernel memory: the condition passes when connections close, so wait.
+_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF_MIN = 0.05
+ACCEPT_BACKOFF_MAX = 1.0
+
+_BUSY_BODY = b'{"error": "too many connections to this listener; retry later"}\n'
+TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: application/json\r\n"
+    b"Retry-After: " + str(RETRY_AFTER_SECONDS).encode() + b"\r\n"
+    b"Connection: close\r\n"
+    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+
+class RequestErrorLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The logger aiohttp's request handler writes to. A request aiohttp cannot parse is the
+    client's problem, not ours: one debug line at most every few seconds, no traceback, so
+    garbage sent to the public port cannot flood the log. Errors in our own handlers still
+    log at error level with their traceback."""
+
+    def __init__(self, logger: logging.Logger, throttle: Throttle | None = None) -> None:
+        super().__init__(logger, {})
+        self.throttle = throttle or Throttle()
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self._malformed(exc_info)
+        else:
+            self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg: object, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self._malformed(exc_info)
+        else:
+            self.logger.debug(msg, *args, exc_info=exc_info, **kwargs)
+
+    def _malformed(self, error: HttpProcessingError) -> None:
+        if self.throttle.allow():
+            log(
+                self.logger,
+                "debug",
+                "malformed request refused",
+                status=error.code,
+                error=type(error).__name__,
+                suppressed=self.throttle.take_suppressed(),
+            )
+
+
+def handler_args(limits: Limits) -> dict[str, Any]:
+    """aiohttp's own knobs for every connection (passed to ``AppRunner``/``TestServer``)."""
+    return {
+        "keepalive_timeout": limits.idle_timeout,
+        "logger": RequestErrorLog(logging.getLogger("sidecar.http")),
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_HEADER_BYTES,
+        "max_headers": MAX_HEADERS,
+        "lingering_time": LINGER_SECONDS,
+    }
+
+
+class _Connection(asyncio.Protocol):
+    """Stands between the transport and aiohttp's handler: counts the connection while it is
+    open and closes it if no complete request head arrives within the idle timeout
+    (slowloris). After the first request aiohttp's keep-alive timeout takes over."""
+
+    def __init__(self, inner: asyncio.Protocol, listener: Listener) -> None:
+        self.inner = inner
+        self._listener = listener
+        self._transport: asyncio.BaseTransport | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self._listener.limits.idle_timeout, self._too_slow)
+        self._listener.connections[transport] = self
+        self.inner.connection_made(transport)
+
+    def request_started(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _too_slow(self) -> None:
+        self._head_timer = None
+        self._listener.slow_closed += 1
+        if isinstance(self._transport, asyncio.Transport):
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.request_started()  # cancels the timer
+        self._listener.connections.pop(self._transport, None)  # type: ignore[arg-type]
+        self.inner.connection_lost(exc)
+
+
+class Listener:
+    """``start`` binds and accepts; ``stop`` stops accepting (the runner closes connections)."""
+
+    def __init__(self, name: str, app: web.Application, where: HostPort, limits: Limits) -> None:
+        self.name = name
+        self.where = where
+        self.limits = limits
+        self.runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=0.2, **handler_args(limits)
+        )
+        self.connections: dict[asyncio.BaseTransport, _Connection] = {}
+        self.refused = 0  # connections answered 503 at the ceiling
+        self.slow_closed = 0  # connections closed for not sending a request head in time
+        self.accept_errors = 0
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._accept_log = Throttle()
+        app.middlewares.append(self._mark_request_started)
+
+    @property
+    def address(self) -> HostPort:
+        assert self._sock is not None
+        return HostPort(self.where.host, self._sock.getsockname()[1])
+
+    async def start(self) -> HostPort:
+        await self.runner.setup()
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.where.host, self.where.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _, _, _, address = infos[0]
+        sock = socket.create_server(address[:2], family=family, backlog=BACKLOG)
+        sock.setblocking(False)
+        self._sock = sock
+        self._accepting = asyncio.create_task(self._accept_forever(), name=f"accept-{self.name}")
+        return self.address
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._accepting, *self._pending) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close()
+        await self.runner.cleanup()
+
+    @web.middleware
+    async def _mark_request_started(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        connection = self.connections.get(request.transport)  # type: ignore[arg-type]
+        if connection is not None:
+            connection.request_started()
+        return await handler(request)
+
+    async def _accept_forever(self) -> None:
+        assert self._sock is not None
+        loop = asyncio.get_running_loop()
+        backoff = ACCEPT_BACKOFF_MIN
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                if exc.errno == errno.ECONNABORTED:
+                    continue  # the client gave up while waiting in the backlog
+                self.accept_errors += 1
+                if self._accept_log.allow():
+                    log(
+                        logger,
+                        "warning",
+                        "cannot accept connections; backing off",
+                        listener=self.name,
+                        error=exc.strerror or str(exc),
+                        open_connections=len(self.connections),
+                        suppressed=self._accept_log.take_suppressed(),
+                    )
+                # Out of descriptors clears when connections close: wait, doubling the pause.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
+                continue
+            backoff = ACCEPT_BACKOFF_MIN
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        if len(self.connections) + len(self._pending) >= self.limits.max_connections:
+            self.refused += 1
+            _refuse(conn)
+            return
+        server = self.runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(
+            loop.connect_accepted_socket(lambda: _Connection(server(), self), conn)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log(logger, "debug", "connection setup failed", error=str(task.exception()))
+
+
+def _refuse(conn: socket.socket) -> None:
+    """Answer 503 without parsing anything, then close. The request already received is read
+    away first, so the close is a FIN the client reads after the answer, not a reset."""
+    with contextlib.suppress(OSError):
+        conn.recv(65536)
+    with contextlib.suppress(OSError):
+        conn.send(TOO_MANY_CONNECTIONS)
+        conn.shutdown(socket.SHUT_WR)
+    conn.close()
