@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -53,6 +54,7 @@ class SidecarProcess:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         ready_timeout: float = 15.0,
+        max_open_files: int | None = None,
     ) -> SidecarProcess:
         command = [
             sys.executable,
@@ -85,6 +87,7 @@ class SidecarProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=None if max_open_files is None else _limit_open_files(max_open_files),
         )
         sidecar = cls(proc, name)
         sidecar._wait_listening(ready_timeout)
@@ -157,6 +160,13 @@ class SidecarProcess:
                 self.proc.send_signal(signal.SIGCONT)
                 self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(5)
+
+
+def _limit_open_files(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return apply
 
 
 @contextlib.contextmanager
