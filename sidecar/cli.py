@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from sidecar import logs
 from sidecar.config import Config, ConfigError, load
+from sidecar.redact import Scrubber, secret_values
 
 logger = logging.getLogger("sidecar")
 
 EXIT_CONFIG = 2
 
 
-async def serve(config: Config) -> int:
+async def serve(config: Config, scrub: Scrubber) -> int:
     from sidecar.app import Sidecar
 
     try:
-        sidecar = Sidecar(config)
+        sidecar = Sidecar(config, scrub=scrub)
     except ConfigError as exc:  # a store's own checks, e.g. a TLS file that does not load
-        print(f"leader-sidecar: {exc}", file=sys.stderr)
+        print(f"leader-sidecar: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         await sidecar.start()
@@ -49,9 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logs.configure(config.log_format, config.log_level)
+    scrub = Scrubber(
+        secret_values(
+            [config.store, config.redis_password, config.redis_sentinel_password], os.environ
+        )
+    )
+    logs.configure(config.log_format, config.log_level, scrub)
     # The *_created series double every counter's output and no alert or dashboard uses them.
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # type: ignore[no-untyped-call]
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, scrub))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sidecar.limits import DEFAULT_LIMITS, Limits
+from sidecar.redact import looks_secret, printable, redact_url
 
 ENV_PREFIX = "LEADER_SIDECAR_"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -29,8 +30,11 @@ class ConfigError(Exception):
     """A bad setting. ``str()`` is the one line printed before exiting with status 2."""
 
     def __init__(self, source: str, value: object, allowed: str) -> None:
-        setting = f"{source}={value!s}" if value != "" else source
-        super().__init__(f"{setting}: {allowed}")
+        # The value may be a URL with a password or carry a newline that would forge a second
+        # line: show it redacted and escaped, or not at all for a secret-looking setting.
+        shown = "(hidden)" if looks_secret(source) else redact_url(str(value))
+        setting = f"{source}={shown}" if value != "" else source
+        super().__init__(printable(f"{setting}: {allowed}"))
 
 
 # -- value parsers: each raises ValueError whose message says what is allowed ----------------
@@ -622,7 +626,8 @@ def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
 
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see --help for the variables"
-            raise ConfigError(name, environ[name], f"unknown setting; {hint}")
+            # Not the value: a misspelt LEADER_SIDECAR_REDIS_PASSWROD holds a password.
+            raise ConfigError(name, "", f"unknown setting; {hint}")
 
 
 def _same_host(a: HostPort, b: HostPort) -> bool:
