@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -98,6 +99,16 @@ class Sidecar:
         task = asyncio.create_task(run(), name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def state(self) -> dict[str, Any]:
+        """What SIGUSR1 logs: leadership as ``GET /leader`` answers it, and per listener how
+        much of each limit is in use and how much was refused."""
+        return {
+            **self.elector.status().to_json(),
+            "role": self.elector.role.value,
+            "last_error": self.scrub(self.elector.last_error or "") or None,
+            "listeners": {listener.name: listener.usage() for listener in self.listeners},
+        }
 
     def election_alive(self) -> bool:
         return self._election is not None and not self._election.done()

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from sidecar.api import EVENT_STREAMS, LONG_POLLS
 from sidecar.config import HostPort
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits
 from sidecar.logs import Throttle, log
@@ -159,6 +160,21 @@ class Listener:
         self._pending: set[asyncio.Task[Any]] = set()
         self._accept_log = Throttle()
         app.middlewares.append(self._mark_request_started)
+
+    def usage(self) -> dict[str, int]:
+        """Counters for the SIGUSR1 state dump."""
+        app = self.runner.app
+        return {
+            "connections": len(self.connections),
+            "max_connections": self.limits.max_connections,
+            "refused_connections": self.refused,
+            "closed_idle": self.slow_closed,
+            "accept_errors": self.accept_errors,
+            "long_polls": app[LONG_POLLS].in_use,
+            "refused_long_polls": app[LONG_POLLS].refused,
+            "event_streams": app[EVENT_STREAMS].in_use,
+            "refused_event_streams": app[EVENT_STREAMS].refused,
+        }
 
     @property
     def address(self) -> HostPort:

@@ -61,8 +61,10 @@ def secret_values(known: Iterable[str | None], environ: Mapping[str, str]) -> li
     environment variable whose name looks secret."""
     values: set[str] = set()
     for value in known:
-        if value:
-            values.add(url_password(value) or value if "://" in value else value)
+        if value and "://" in value:
+            values.add(url_password(value) or "")  # a URL's password, not the whole URL
+        elif value:
+            values.add(value)
     for name, value in environ.items():
         if looks_secret(name):
             values.add(value)

@@ -78,7 +78,8 @@ def test_secret_values_come_from_the_config_and_secret_looking_variables() -> No
         "LEADER_SIDECAR_LEASE": "not-a-secret",
         "SHORT_PASSWORD": "ab",  # too short to scrub without mangling every line
     }
-    found = secret_values([f"redis://u:{SECRET}@h:1/0", "other-secret"], environ)
+    known = [f"redis://u:{SECRET}@h:1/0", "sqlite:///./no-password.db", "other-secret", None]
+    found = secret_values(known, environ)
     assert set(found) == {SECRET, "other-secret", "misspelt-value", "token-value"}
 
 
