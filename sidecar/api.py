@@ -17,7 +17,7 @@ from sidecar.changes import ChangeFeed
 from sidecar.config import duration_seconds
 from sidecar.elector import Elector, LeaderStatus
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
-from sidecar.logs import log
+from sidecar.logs import Throttle, log
 from sidecar.release_guard import release_refusal
 
 logger = logging.getLogger("sidecar.api")
@@ -28,6 +28,7 @@ CHANGES = web.AppKey("changes", ChangeFeed)
 LONG_POLLS = web.AppKey("long_polls", Slots)
 EVENT_STREAMS = web.AppKey("event_streams", Slots)
 SCRUB: web.AppKey[Callable[[str], str]] = web.AppKey("scrub")
+RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
 
 MAX_WAIT = 300.0  # longest long-poll; longer waits are cut to this
 SSE_KEEPALIVE = 15.0
@@ -128,7 +129,15 @@ async def post_release(request: web.Request) -> web.Response:
     the request can only have come from a local program (see `release_refusal`)."""
     refusal = release_refusal(request)
     if refusal is not None:
-        log(logger, "info", "release refused", reason=refusal)
+        throttle = request.app[RELEASE_REFUSALS]  # a page in a loop must not flood the log
+        if throttle.allow():
+            log(
+                logger,
+                "info",
+                "release refused",
+                reason=refusal,
+                suppressed=throttle.take_suppressed(),
+            )
         return _error(403, refusal)
     elector = request.app[ELECTOR]
     released = await elector.release("released")
@@ -191,6 +200,7 @@ def create_local_app(
     app.router.add_get("/leader", get_leader)
     app.router.add_get("/events", get_events)
     app.router.add_post("/leader/release", post_release)
+    app[RELEASE_REFUSALS] = Throttle()
     return app
 
 
