@@ -17,7 +17,7 @@ from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector, GapAlert
-from sidecar.listener import Listener
+from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 
@@ -127,6 +127,16 @@ class Sidecar:
             request_timeout=self.config.timing.request_timeout,
         )
         limits = self.config.limits
+        shortfall = open_files_shortfall(limits)
+        if shortfall is not None:
+            log(
+                logger,
+                "warning",
+                "the open-file limit is below what the connection limits allow; "
+                "lower --max-connections or raise the limit (ulimit -n)",
+                max_connections=limits.max_connections,
+                missing_files=shortfall,
+            )
         local = create_local_app(self.elector, limits, self.scrub)
         public = create_public_app(
             self.elector, self.registry, self.election_alive, limits, self.scrub

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import resource
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -92,6 +93,20 @@ def handler_args(limits: Limits) -> dict[str, Any]:
         "max_headers": MAX_HEADERS,
         "lingering_time": LINGER_SECONDS,
     }
+
+
+RESERVED_FILES = 64  # the store, the log, the event loop, the interpreter's own
+
+
+def open_files_shortfall(limits: Limits, listeners: int = 2) -> int | None:
+    """How far RLIMIT_NOFILE falls short of every listener at its connection limit plus what
+    the rest of the process needs; None when it does not. Short means the limits no longer
+    protect the store's own connections from a flood (accept then backs off instead)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = listeners * limits.max_connections + RESERVED_FILES
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    return needed - soft
 
 
 class _Connection(asyncio.Protocol):
