@@ -38,14 +38,33 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-# ``://user:password@``: anchored at the literal ``://`` and with character classes that
-# cannot overlap, so it runs in linear time on any text.
-_URL_PASSWORD = re.compile(r"://([^:@/\s\"']*):([^@/\s\"']*)@")
+# Where a URL ends inside free text (a log line, an error message).
+_URL_END = re.compile(r"[\s\"'<>]")
 
 
 def redact_url(text: str) -> str:
-    """``scheme://user:password@host…`` → ``scheme://user:***@host…``, anywhere in ``text``."""
-    return _URL_PASSWORD.sub(rf"://\1:{HIDDEN}@", text) if "://" in text else text
+    """``scheme://user:password@host…`` → ``scheme://user:***@host…``, anywhere in ``text``.
+
+    The password runs to the *last* ``@`` of the URL, so one with an unescaped ``@`` or ``/``
+    is hidden whole. One pass over the text (no backtracking pattern): each URL is scanned a
+    fixed number of times."""
+    if "://" not in text:
+        return text
+    parts: list[str] = []
+    copied = search = 0
+    while (scheme_end := text.find("://", search)) != -1:
+        begin = scheme_end + 3
+        ended = _URL_END.search(text, begin)
+        end = ended.start() if ended else len(text)
+        at = text.rfind("@", begin, end)
+        colon = text.find(":", begin, at) if at != -1 else -1
+        if colon != -1:
+            parts.append(text[copied : colon + 1])
+            parts.append(HIDDEN)
+            copied = at
+        search = end
+    parts.append(text[copied:])
+    return "".join(parts)
 
 
 def url_password(text: str) -> str | None:

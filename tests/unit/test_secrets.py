@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,17 @@ def test_a_newline_in_a_setting_cannot_split_the_one_line_error(
 def test_url_passwords_are_redacted_and_the_rest_is_kept() -> None:
     assert redact_url(f"redis://user:{SECRET}@host:6379/0") == "redis://user:***@host:6379/0"
     assert redact_url(f"redis+sentinel://:{SECRET}@a:1,b:2/m") == "redis+sentinel://:***@a:1,b:2/m"
+    assert redact_url("redis://u:p@ss/w0rd@host:1/0") == "redis://u:***@host:1/0"  # unescaped
+    assert redact_url('{"e":"to redis://u:pw@h:1 failed"}') == '{"e":"to redis://u:***@h:1 failed"}'
     assert redact_url("sqlite:///./x.db") == "sqlite:///./x.db"
     assert redact_url("not a url") == "not a url"
+
+
+def test_url_redaction_takes_linear_time_on_hostile_text() -> None:
+    started = time.perf_counter()
+    redact_url("a://" + "b:" * 100_000)
+    redact_url("://b:@" * 30_000)
+    assert time.perf_counter() - started < 0.5
 
 
 def test_control_characters_are_escaped() -> None:
