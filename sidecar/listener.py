@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import resource
 import socket
@@ -28,7 +29,7 @@ from sidecar.logs import Throttle, log
 
 logger = logging.getLogger("sidecar.listener")
 
-BACKLOG = 128
+BACKLOG = 512  # a burst waits in the kernel for its fast 503 instead of SYN retries
 MAX_LINE_BYTES = 8190  # request line (and so the URL); aiohttp's default, stated on purpose
 MAX_HEADER_BYTES = 8190  # one header field
 MAX_HEADERS = 64  # a probe or a scrape sends fewer than 10
@@ -119,8 +120,10 @@ class _Connection(asyncio.Protocol):
         self._listener = listener
         self._transport: asyncio.BaseTransport | None = None
         self._head_timer: asyncio.TimerHandle | None = None
+        self.made = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made = True
         self._transport = transport
         loop = asyncio.get_running_loop()
         self._head_timer = loop.call_later(self._listener.limits.idle_timeout, self._too_slow)
@@ -153,6 +156,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.request_started()  # cancels the timer
         self._listener.connections.pop(self._transport, None)  # type: ignore[arg-type]
+        self._listener.admitted -= 1
         self.inner.connection_lost(exc)
 
 
@@ -167,6 +171,7 @@ class Listener:
             app, access_log=None, shutdown_timeout=0.2, **handler_args(limits)
         )
         self.connections: dict[asyncio.BaseTransport, _Connection] = {}
+        self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
         self.slow_closed = 0  # connections closed for not sending a request head in time
         self.accept_errors = 0
@@ -257,21 +262,26 @@ class Listener:
 
     def _admit(self, conn: socket.socket) -> None:
         conn.setblocking(False)
-        if len(self.connections) + len(self._pending) >= self.limits.max_connections:
+        if self.admitted >= self.limits.max_connections:
             self.refused += 1
             _refuse(conn)
             return
         server = self.runner.server
         assert server is not None
+        # Counted from here until its connection_lost (or a failed set-up), so that sockets
+        # still being wrapped count too, and none twice.
+        self.admitted += 1
+        protocol = _Connection(server(), self)
         loop = asyncio.get_running_loop()
-        task = loop.create_task(
-            loop.connect_accepted_socket(lambda: _Connection(server(), self), conn)
-        )
+        task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, conn))
         self._pending.add(task)
-        task.add_done_callback(self._connected)
+        task.add_done_callback(functools.partial(self._connected, protocol))
 
-    def _connected(self, task: asyncio.Task[Any]) -> None:
+    def _connected(self, protocol: _Connection, task: asyncio.Task[Any]) -> None:
         self._pending.discard(task)
+        failed = task.cancelled() or task.exception() is not None
+        if failed and not protocol.made:  # asyncio closed the socket; no connection_lost
+            self.admitted -= 1
         if not task.cancelled() and task.exception() is not None:
             log(logger, "debug", "connection setup failed", error=str(task.exception()))
 
