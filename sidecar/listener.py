@@ -39,6 +39,9 @@ LINGER_SECONDS = 1.0  # reading an unread request body after the answer, before 
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_MIN = 0.05
 ACCEPT_BACKOFF_MAX = 1.0
+# At the connection limit, a connection idle this long may be closed to make room. Shorter
+# would let a flood of fresh connections churn through the slots (memory, CPU).
+EVICT_IDLE_SECONDS = 1.0
 
 _BUSY_BODY = b'{"error": "too many connections to this listener; retry later"}\n'
 TOO_MANY_CONNECTIONS = (
@@ -121,11 +124,15 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.BaseTransport | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self.made = False
+        self.busy = False  # a request is being handled
+        self.idle_since = float("inf")  # loop time of connecting or of the last answer
+        self.evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.made = True
         self._transport = transport
         loop = asyncio.get_running_loop()
+        self.idle_since = loop.time()
         self._head_timer = loop.call_later(self._listener.limits.idle_timeout, self._too_slow)
         self._listener.connections[transport] = self
         self.inner.connection_made(transport)
@@ -134,6 +141,15 @@ class _Connection(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def close_for_room(self) -> bool:
+        """Abort this connection now and stop counting it (its connection_lost follows)."""
+        if not isinstance(self._transport, asyncio.Transport) or self.evicted:
+            return False
+        self.evicted = True
+        self._listener.admitted -= 1
+        self._transport.abort()
+        return True
 
     def _too_slow(self) -> None:
         self._head_timer = None
@@ -156,7 +172,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.request_started()  # cancels the timer
         self._listener.connections.pop(self._transport, None)  # type: ignore[arg-type]
-        self._listener.admitted -= 1
+        if not self.evicted:  # an evicted one stopped counting when it was chosen
+            self._listener.admitted -= 1
         self.inner.connection_lost(exc)
 
 
@@ -173,6 +190,7 @@ class Listener:
         self.connections: dict[asyncio.BaseTransport, _Connection] = {}
         self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
+        self.evicted = 0  # idle connections closed at the ceiling to make room
         self.slow_closed = 0  # connections closed for not sending a request head in time
         self.accept_errors = 0
         self._sock: socket.socket | None = None
@@ -188,6 +206,7 @@ class Listener:
             "connections": len(self.connections),
             "max_connections": self.limits.max_connections,
             "refused_connections": self.refused,
+            "evicted_idle": self.evicted,
             "closed_idle": self.slow_closed,
             "accept_errors": self.accept_errors,
             "long_polls": app[LONG_POLLS].in_use,
@@ -228,9 +247,15 @@ class Listener:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         connection = self.connections.get(request.transport)  # type: ignore[arg-type]
-        if connection is not None:
-            connection.request_started()
-        return await handler(request)
+        if connection is None:
+            return await handler(request)
+        connection.request_started()
+        connection.busy = True
+        try:
+            return await handler(request)
+        finally:
+            connection.busy = False
+            connection.idle_since = asyncio.get_running_loop().time()
 
     async def _accept_forever(self) -> None:
         assert self._sock is not None
@@ -262,7 +287,7 @@ class Listener:
 
     def _admit(self, conn: socket.socket) -> None:
         conn.setblocking(False)
-        if self.admitted >= self.limits.max_connections:
+        if self.admitted >= self.limits.max_connections and not self._evict_one_idle():
             self.refused += 1
             _refuse(conn)
             return
@@ -276,6 +301,20 @@ class Listener:
         task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, conn))
         self._pending.add(task)
         task.add_done_callback(functools.partial(self._connected, protocol))
+
+    def _evict_one_idle(self) -> bool:
+        """At the limit, make room by closing the oldest connection that has had no request
+        in progress for `EVICT_IDLE_SECONDS` (idle keep-alive, or a request head still
+        arriving). Connections held open by a flood then cannot lock the kubelet's probes or
+        Prometheus out; a newcomer gets the 503 only while every connection is busy or new."""
+        quiet_since = asyncio.get_running_loop().time() - EVICT_IDLE_SECONDS
+        for connection in self.connections.values():  # oldest first: dicts keep order
+            if connection.idle_since > quiet_since:
+                continue  # just arrived or just answered: a flood of new ones gets the 503
+            if not connection.busy and connection.close_for_room():
+                self.evicted += 1
+                return True
+        return False
 
     def _connected(self, protocol: _Connection, task: asyncio.Task[Any]) -> None:
         self._pending.discard(task)

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from sidecar.limits import DEFAULT_LIMITS as DEFAULTS
+from sidecar.listener import EVICT_IDLE_SECONDS
 from tests.support import raw_http
 from tests.support.sidecars import SidecarProcess, sidecars
 
@@ -53,8 +54,11 @@ async def assert_still_leading(sidecar: SidecarProcess, term: int) -> None:
         assert body["term"] == term
 
 
-async def until_connections(sidecar: SidecarProcess, listener: str, count: int) -> None:
-    """Ask the sidecar (SIGUSR1 state dump) until ``listener`` holds ``count`` connections."""
+async def until_connections(
+    sidecar: SidecarProcess, listener: str, count: int, long_polls: int = 0
+) -> dict[str, Any]:
+    """Ask the sidecar (SIGUSR1 state dump) until ``listener`` holds ``count`` connections
+    (and ``long_polls`` long-polls); its counters then."""
     deadline = time.monotonic() + 20
     while True:
         seen = len(sidecar.logs)
@@ -62,9 +66,10 @@ async def until_connections(sidecar: SidecarProcess, listener: str, count: int) 
         while not (states := [e for e in sidecar.logs[seen:] if e.get("msg") == "state"]):
             assert time.monotonic() < deadline, "no state dump after SIGUSR1"
             await asyncio.sleep(0.05)
-        if states[0]["listeners"][listener]["connections"] >= count:
-            return
-        assert time.monotonic() < deadline, states[0]["listeners"][listener]
+        usage: dict[str, Any] = states[0]["listeners"][listener]
+        if usage["connections"] >= count and usage["long_polls"] >= long_polls:
+            return usage
+        assert time.monotonic() < deadline, usage
 
 
 def rss_kib(sidecar: SidecarProcess) -> int:
@@ -91,22 +96,45 @@ async def test_connections_that_never_finish_a_request_head_are_closed(tmp_path:
         await assert_still_leading(a, term)
 
 
-async def test_past_max_connections_a_new_connection_gets_a_fast_503(tmp_path: Path) -> None:
+async def test_at_the_connection_limit_the_oldest_idle_connection_makes_room(
+    tmp_path: Path,
+) -> None:
+    """A flood of idle connections cannot lock the kubelet's probes out of the public port."""
     # Idle connections hold their slots until the idle timeout: longer than the test.
     args = ["--idle-timeout", "60s"]
     with sidecars(["a"], store_url(tmp_path), lease_duration=LEASE, args=args) as [a]:
         term, _ = await until_leader(a)
         held = [await raw_http.connect(a.public) for _ in range(DEFAULTS.max_connections)]
         # connect() can return before the sidecar accepted (a full accept queue), so ask it.
-        await until_connections(a, "public", DEFAULTS.max_connections)
+        state = await until_connections(a, "public", DEFAULTS.max_connections)
+        await asyncio.sleep(EVICT_IDLE_SECONDS)  # by the rule: only a quiet one makes room
+        oldest = next(iter(held))[0]
+        started = time.monotonic()
+        probe = await raw_http.ask(a.public, raw_http.get("/healthz"))
+        assert probe.status == 200
+        assert time.monotonic() - started < 1.0
+        assert await raw_http.closed_within(oldest, 5.0), "no idle connection made room"
+        local = await raw_http.ask(a.local, raw_http.get("/leader"))
+        assert local.status == 200, "a flood on the public port took the localhost listener"
+        assert state["accept_errors"] == 0
+        raw_http.close_all([writer for _, writer in held])
+        await assert_still_leading(a, term)
+
+
+async def test_when_every_connection_is_busy_a_new_one_gets_a_fast_503(tmp_path: Path) -> None:
+    args = ["--max-connections", "8"]
+    with sidecars(["a"], store_url(tmp_path), lease_duration=LEASE, args=args) as [a]:
+        term, etag = await until_leader(a)
+        polls = [await raw_http.connect(a.public) for _ in range(8)]
+        for _, writer in polls:
+            writer.write(raw_http.get("/leader?wait=30", f"If-None-Match: {etag}"))
+        await until_connections(a, "public", 8, long_polls=8)
         started = time.monotonic()
         answer = await raw_http.ask(a.public, raw_http.get("/leader"))
         assert answer.status == 503
         assert answer.headers["retry-after"] == "1"
         assert time.monotonic() - started < 1.0
-        local = await raw_http.ask(a.local, raw_http.get("/leader"))
-        assert local.status == 200, "a flood on the public port took the localhost listener"
-        raw_http.close_all([writer for _, writer in held])
+        raw_http.close_all([writer for _, writer in polls])
         deadline = time.monotonic() + 5
         while (await raw_http.ask(a.public, raw_http.get("/leader"))).status != 200:
             assert time.monotonic() < deadline, "slots not given back after the flood closed"
