@@ -273,7 +273,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--max-connections",
         parse_positive_count,
-        "open connections per listener; the next gets a 503 (default 256)",
+        "open connections per listener; past it the oldest quiet one makes room, "
+        "else a 503 (default 256)",
         "N",
     ),
     Option(

@@ -15,7 +15,7 @@ RETRY_AFTER_SECONDS = 1  # what a refused client is told; a lease hand-off takes
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    max_connections: int = 256  # open connections; the next one gets a 503 and is closed
+    max_connections: int = 256  # open connections; then an old quiet one makes room, or 503
     max_long_polls: int = 64  # requests held by ``GET /leader?wait=``
     max_event_streams: int = 16  # ``GET /events`` streams
     idle_timeout: float = 10.0  # to send a complete request head, from connect or last answer
