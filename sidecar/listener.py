@@ -115,8 +115,9 @@ def open_files_shortfall(limits: Limits, listeners: int = 2) -> int | None:
 
 class _Connection(asyncio.Protocol):
     """Stands between the transport and aiohttp's handler: counts the connection while it is
-    open and closes it if no complete request head arrives within the idle timeout
-    (slowloris). After the first request aiohttp's keep-alive timeout takes over."""
+    open, closes it if no complete request head arrives within the idle timeout (slowloris;
+    after the first request aiohttp's keep-alive timeout takes over), and knows whether a
+    request is in progress, so the listener can close a quiet one to make room."""
 
     def __init__(self, inner: asyncio.Protocol, listener: Listener) -> None:
         self.inner = inner
@@ -125,6 +126,7 @@ class _Connection(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self.made = False
         self.busy = False  # a request is being handled
+        self.made_at = float("inf")  # loop time of connecting
         self.idle_since = float("inf")  # loop time of connecting or of the last answer
         self.evicted = False
 
@@ -132,7 +134,7 @@ class _Connection(asyncio.Protocol):
         self.made = True
         self._transport = transport
         loop = asyncio.get_running_loop()
-        self.idle_since = loop.time()
+        self.made_at = self.idle_since = loop.time()
         self._head_timer = loop.call_later(self._listener.limits.idle_timeout, self._too_slow)
         self._listener.connections[transport] = self
         self.inner.connection_made(transport)
@@ -284,6 +286,9 @@ class Listener:
                 continue
             backoff = ACCEPT_BACKOFF_MIN
             self._admit(conn)
+            # sock_accept returns without yielding while the backlog is full: give the
+            # election task its turn between connections, or a flood starves renewals.
+            await asyncio.sleep(0)
 
     def _admit(self, conn: socket.socket) -> None:
         conn.setblocking(False)
@@ -308,9 +313,11 @@ class Listener:
         arriving). Connections held open by a flood then cannot lock the kubelet's probes or
         Prometheus out; a newcomer gets the 503 only while every connection is busy or new."""
         quiet_since = asyncio.get_running_loop().time() - EVICT_IDLE_SECONDS
-        for connection in self.connections.values():  # oldest first: dicts keep order
+        for connection in self.connections.values():  # in the order they connected
+            if connection.made_at > quiet_since:
+                break  # this one and every later one are too new: a fresh flood gets the 503
             if connection.idle_since > quiet_since:
-                continue  # just arrived or just answered: a flood of new ones gets the 503
+                continue  # answered just now
             if not connection.busy and connection.close_for_room():
                 self.evicted += 1
                 return True
