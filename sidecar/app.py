@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
@@ -17,6 +17,7 @@ from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector, GapAlert
+from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 
@@ -35,8 +36,10 @@ class Sidecar:
         store: LeaseStore | None = None,
         registry: CollectorRegistry | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        scrub: Callable[[str], str] = str,
     ) -> None:
         self.config = config
+        self.scrub = scrub  # removes secrets from text the API shows (store errors)
         self.store = store or open_store(config)
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry, config.lease_ref, config.timing.lease_duration)
@@ -53,7 +56,7 @@ class Sidecar:
         self.elector.on_transition(self.actions.submit)
         if self._gap_listener is not None:
             self.elector.on_gap_alert(self._on_gap_alert)
-        self._runners: list[web.AppRunner] = []
+        self.listeners: list[Listener] = []
         self._election: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.addresses: dict[str, HostPort] = {}
@@ -97,6 +100,16 @@ class Sidecar:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def state(self) -> dict[str, Any]:
+        """What SIGUSR1 logs: leadership as ``GET /leader`` answers it, and per listener how
+        much of each limit is in use and how much was refused."""
+        return {
+            **self.elector.status().to_json(),
+            "role": self.elector.role.value,
+            "last_error": self.scrub(self.elector.last_error or "") or None,
+            "listeners": {listener.name: listener.usage() for listener in self.listeners},
+        }
+
     def election_alive(self) -> bool:
         return self._election is not None and not self._election.done()
 
@@ -113,20 +126,28 @@ class Sidecar:
             retry_period=self.config.timing.retry_period,
             request_timeout=self.config.timing.request_timeout,
         )
-        local = create_local_app(self.elector)
-        public = create_public_app(self.elector, self.registry, self.election_alive)
+        limits = self.config.limits
+        shortfall = open_files_shortfall(limits)
+        if shortfall is not None:
+            log(
+                logger,
+                "warning",
+                "the open-file limit is below what the connection limits allow; "
+                "lower --max-connections or raise the limit (ulimit -n)",
+                max_connections=limits.max_connections,
+                missing_files=shortfall,
+            )
+        local = create_local_app(self.elector, limits, self.scrub)
+        public = create_public_app(
+            self.elector, self.registry, self.election_alive, limits, self.scrub
+        )
         for name, app, where in (
             ("local", local, self.config.listen),
             ("public", public, self.config.public_listen),
         ):
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-            await runner.setup()
-            self._runners.append(runner)
-            site = web.TCPSite(runner, where.host, where.port)
-            await site.start()
-            sockets = getattr(site._server, "sockets", None) or []
-            port = sockets[0].getsockname()[1] if sockets else where.port
-            self.addresses[name] = HostPort(where.host, port)
+            listener = Listener(name, app, where, limits)
+            self.listeners.append(listener)
+            self.addresses[name] = await listener.start()
             log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
         self._election = asyncio.create_task(self.elector.run(), name="election")
         self._spawn(self.actions.run(), "demotion-actions")
@@ -156,7 +177,7 @@ class Sidecar:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        for runner in self._runners:
-            await runner.cleanup()
+        for listener in self.listeners:
+            await listener.stop()
         await self.store.close()
         log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)

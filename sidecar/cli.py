@@ -4,43 +4,54 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
+import os
 import sys
 from collections.abc import Sequence
 
 from sidecar import logs
 from sidecar.config import Config, ConfigError, load
+from sidecar.redact import Scrubber, secret_values
+from sidecar.signals import Signals
 
 logger = logging.getLogger("sidecar")
 
 EXIT_CONFIG = 2
 
 
-async def serve(config: Config) -> int:
+async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
     from sidecar.app import Sidecar
 
     try:
-        sidecar = Sidecar(config)
+        sidecar = Sidecar(config, scrub=scrub)
     except ConfigError as exc:  # a store's own checks, e.g. a TLS file that does not load
-        print(f"leader-sidecar: {exc}", file=sys.stderr)
+        print(f"leader-sidecar: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
-    try:
-        await sidecar.start()
-    except OSError as exc:
-        logs.log(logger, "error", "cannot listen", error=str(exc))
-        await sidecar.stop()
-        return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    stopping = asyncio.create_task(stop.wait())
-    election_ended = asyncio.create_task(sidecar.wait())
-    await asyncio.wait([stopping, election_ended], return_when=asyncio.FIRST_COMPLETED)
-    for task in (stopping, election_ended):
-        task.cancel()
-    await sidecar.stop()
-    return 0 if stop.is_set() else 1
+    signals.attach(
+        asyncio.get_running_loop(),
+        on_stop=stop.set,
+        on_dump=lambda: logs.log(logger, "info", "state", **sidecar.state()),
+        on_ignored=lambda name: logs.log(logger, "info", "signal ignored", signal=name),
+    )
+    try:
+        try:
+            await sidecar.start()
+        except OSError as exc:
+            logs.log(logger, "error", "cannot listen", error=str(exc))
+            await sidecar.stop()
+            return 1
+        stopping = asyncio.create_task(stop.wait())
+        election_ended = asyncio.create_task(sidecar.wait())
+        await asyncio.wait([stopping, election_ended], return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopping, election_ended):
+            task.cancel()
+        # Stop signals from here on only count: the shutdown below runs once, to the end.
+        await sidecar.stop()
+        if signals.repeated_stops:
+            logs.log(logger, "info", "repeated stop signals ignored", count=signals.repeated_stops)
+        return 0 if stop.is_set() else 1
+    finally:
+        signals.detach()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,9 +60,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logs.configure(config.log_format, config.log_level)
+    scrub = Scrubber(
+        secret_values(
+            [config.store, config.redis_password, config.redis_sentinel_password], os.environ
+        )
+    )
+    logs.configure(config.log_format, config.log_level, scrub)
     # The *_created series double every counter's output and no alert or dashboard uses them.
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # type: ignore[no-untyped-call]
-    return asyncio.run(serve(config))
+    signals = Signals()
+    signals.install()  # before the loop: a SIGTERM during start-up is an orderly stop too
+    try:
+        return asyncio.run(serve(config, scrub, signals))
+    finally:
+        signals.ignore_all()

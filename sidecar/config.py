@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sidecar.limits import DEFAULT_LIMITS, Limits
+from sidecar.redact import looks_secret, printable, redact_url
+
 ENV_PREFIX = "LEADER_SIDECAR_"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -27,24 +30,47 @@ class ConfigError(Exception):
     """A bad setting. ``str()`` is the one line printed before exiting with status 2."""
 
     def __init__(self, source: str, value: object, allowed: str) -> None:
-        setting = f"{source}={value!s}" if value != "" else source
-        super().__init__(f"{setting}: {allowed}")
+        # The value may be a URL with a password or carry a newline that would forge a second
+        # line: show it redacted and escaped, or not at all for a secret-looking setting.
+        shown = "(hidden)" if looks_secret(source) else redact_url(str(value))
+        setting = f"{source}={shown}" if value != "" else source
+        super().__init__(printable(f"{setting}: {allowed}"))
 
 
 # -- value parsers: each raises ValueError whose message says what is allowed ----------------
 
-_DURATION = re.compile(r"^\s*(?P<sign>-?)(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
-_UNIT = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Durations also arrive in requests (``GET /leader?wait=``), so parsing one must cost the same
+# small, bounded time for any input: a length cap first, then one pass over ASCII characters.
+# No regular expression: the one used before backtracked quadratically on a digit followed by
+# thousands of spaces (a URL-encoded ``+``), and a handful of such requests stalled the loop.
+MAX_DURATION_CHARS = 32
+_UNIT = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit() and float() take any script's
 _DURATION_HELP = "must be a positive duration such as 15, 1.5, 1500ms, 2s or 1m"
 
 
+def duration_seconds(text: str) -> float | None:
+    """``1.5`` / ``1500ms`` / ``2s`` / ``1m`` / ``1h`` (blanks around it allowed) → seconds,
+    0 included; None for anything else. Runs in time bounded by `MAX_DURATION_CHARS`."""
+    if len(text) > MAX_DURATION_CHARS:
+        return None
+    body = text.strip(" \t")
+    split = len(body)
+    while split > 0 and body[split - 1] in "mhs":
+        split -= 1
+    unit = body[split:]
+    number = body[:split].rstrip(" \t")
+    if unit not in _UNIT or not number or number.count(".") > 1:
+        return None
+    if not set(number) <= _DIGITS | {"."} or number == ".":
+        return None
+    return float(number) * _UNIT[unit]
+
+
 def parse_duration(text: str) -> float:
-    """``1.5`` / ``1500ms`` / ``2s`` / ``1m`` / ``1h`` → seconds (> 0)."""
-    match = _DURATION.match(text)
-    if not match or match["sign"]:
-        raise ValueError(_DURATION_HELP)
-    seconds = float(match["num"]) * _UNIT[match["unit"]]
-    if seconds <= 0:
+    """A duration for a flag: like `duration_seconds`, and more than zero."""
+    seconds = duration_seconds(text)
+    if seconds is None or seconds <= 0:
         raise ValueError(_DURATION_HELP)
     return seconds
 
@@ -85,6 +111,14 @@ def parse_count(text: str) -> int:
     if not re.fullmatch(r"\s*\d+\s*", text):
         raise ValueError("must be a whole number, 0 or more")
     return int(text)
+
+
+def parse_positive_count(text: str) -> int:
+    digits = text.strip()
+    count = int(digits) if len(digits) <= 9 and digits.isascii() and digits.isdigit() else 0
+    if count < 1:
+        raise ValueError("must be a whole number, 1 or more")
+    return count
 
 
 def parse_name(text: str) -> str:
@@ -234,6 +268,32 @@ OPTIONS: tuple[Option, ...] = (
     Option("--listen", parse_host_port, "localhost API (default 127.0.0.1:4040)", "HOST:PORT"),
     Option(
         "--public-listen", parse_host_port, "metrics and probes (default 0.0.0.0:4041)", "HOST:PORT"
+    ),
+    # Limits, per listener (docs/security.md).
+    Option(
+        "--max-connections",
+        parse_positive_count,
+        "open connections per listener; past it the oldest quiet one makes room, "
+        "else a 503 (default 256)",
+        "N",
+    ),
+    Option(
+        "--max-long-polls",
+        parse_positive_count,
+        "GET /leader?wait= requests held per listener; the next gets a 503 (default 64)",
+        "N",
+    ),
+    Option(
+        "--max-event-streams",
+        parse_positive_count,
+        "GET /events streams per listener; the next gets a 503 (default 16)",
+        "N",
+    ),
+    Option(
+        "--idle-timeout",
+        parse_duration,
+        "close a connection that sends no complete request head for this long (default 10s)",
+        "DURATION",
     ),
     Option("--log-format", parse_choice("json", "text"), "json or text (default json)", "FORMAT"),
     Option(
@@ -391,6 +451,7 @@ class Config:
     timing: Timing
     listen: HostPort
     public_listen: HostPort
+    limits: Limits = DEFAULT_LIMITS
     log_format: str = "json"
     log_level: str = "info"
     pod_name: str | None = None
@@ -530,6 +591,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         timing=timing,
         listen=listen,
         public_listen=public_listen,
+        limits=Limits(
+            max_connections=values.get("max_connections", DEFAULT_LIMITS.max_connections),
+            max_long_polls=values.get("max_long_polls", DEFAULT_LIMITS.max_long_polls),
+            max_event_streams=values.get("max_event_streams", DEFAULT_LIMITS.max_event_streams),
+            idle_timeout=values.get("idle_timeout", DEFAULT_LIMITS.idle_timeout),
+        ),
         log_format=values.get("log_format", "json"),
         log_level=values.get("log_level", "info"),
         pod_name=pod_name,
@@ -560,7 +627,8 @@ def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
 
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see --help for the variables"
-            raise ConfigError(name, environ[name], f"unknown setting; {hint}")
+            # Not the value: a misspelt LEADER_SIDECAR_REDIS_PASSWROD holds a password.
+            raise ConfigError(name, "", f"unknown setting; {hint}")
 
 
 def _same_host(a: HostPort, b: HostPort) -> bool:

@@ -9,10 +9,36 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from sidecar.redact import printable
+
 _FIELDS = "sidecar_fields"
+
+
+class Throttle:
+    """At most one line per ``interval`` seconds for one noisy event; the next line that goes
+    out says how many were dropped in between (``suppressed=N``)."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.suppressed = 0
+        self._next = float("-inf")
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            self.suppressed += 1
+            return False
+        self._next = now + self.interval
+        return True
+
+    def take_suppressed(self) -> int:
+        count, self.suppressed = self.suppressed, 0
+        return count
 
 
 def log(logger: logging.Logger, level: str, message: str, **fields: Any) -> None:
@@ -31,7 +57,17 @@ def _timestamp(record: logging.LogRecord) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _unchanged(text: str) -> str:
+    return text
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line; ``json.dumps`` escapes every control character."""
+
+    def __init__(self, scrub: Callable[[str], str] = _unchanged) -> None:
+        super().__init__()
+        self.scrub = scrub
+
     def format(self, record: logging.LogRecord) -> str:
         line = {
             "ts": _timestamp(record),
@@ -40,24 +76,37 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
             **_fields(record),
         }
-        return json.dumps(line, default=str, separators=(",", ":"))
+        return self.scrub(json.dumps(line, default=str, separators=(",", ":")))
 
 
 class TextFormatter(logging.Formatter):
+    """``key=value`` pairs on one line: control characters in any part are escaped, so a
+    newline in a value cannot start a forged line."""
+
+    def __init__(self, scrub: Callable[[str], str] = _unchanged) -> None:
+        super().__init__()
+        self.scrub = scrub
+
     def format(self, record: logging.LogRecord) -> str:
-        pairs = " ".join(f"{key}={_text(value)}" for key, value in _fields(record).items())
-        head = f"{_timestamp(record)} {record.levelname.lower():7} {record.getMessage()}"
-        return f"{head} {pairs}" if pairs else head
+        pairs = " ".join(
+            f"{printable(str(key))}={_text(value)}" for key, value in _fields(record).items()
+        )
+        message = printable(record.getMessage())
+        head = f"{_timestamp(record)} {record.levelname.lower():7} {message}"
+        return self.scrub(f"{head} {pairs}" if pairs else head)
 
 
 def _text(value: Any) -> str:
-    text = str(value)
+    text = printable(str(value))
     return json.dumps(text) if (" " in text or "=" in text or not text) else text
 
 
-def configure(log_format: str = "json", level: str = "info") -> None:
+def configure(
+    log_format: str = "json", level: str = "info", scrub: Callable[[str], str] = _unchanged
+) -> None:
+    """Log to stderr; ``scrub`` removes secrets from every finished line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(scrub) if log_format == "json" else TextFormatter(scrub))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -53,7 +53,9 @@ async def metric(proc: SidecarProcess, name: str, **labels: str) -> float:
 async def release(proc: SidecarProcess) -> None:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"http://{proc.local}/leader/release") as response,
+        session.post(
+            f"http://{proc.local}/leader/release", headers={"X-Leader-Sidecar": "release"}
+        ) as response,
     ):
         assert response.status in (200, 202, 204), await response.text()
 

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ class SidecarProcess:
         env: dict[str, str] | None = None,
         ready_timeout: float = 15.0,
         prefix: Sequence[str] = (),
+        max_open_files: int | None = None,
     ) -> SidecarProcess:
         command = [
             *prefix,  # e.g. unshare --time …: runs the sidecar inside another command
@@ -87,6 +89,7 @@ class SidecarProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=None if max_open_files is None else _limit_open_files(max_open_files),
         )
         sidecar = cls(proc, name)
         try:
@@ -163,6 +166,13 @@ class SidecarProcess:
                 self.proc.send_signal(signal.SIGCONT)
                 self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(5)
+
+
+def _limit_open_files(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return apply
 
 
 @contextlib.contextmanager

@@ -1,0 +1,51 @@
+"""A password in the store URL appears in no log line, no API answer and no metric of a
+running sidecar, also while the store fails and in the SIGUSR1 state dump (issue 12)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+
+import aiohttp
+import pytest
+
+from tests.support.sidecars import SidecarProcess
+
+pytestmark = pytest.mark.slow
+
+SECRET = "s3cret-Pa55w0rd"
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_no_password_reaches_logs_answers_or_metrics() -> None:
+    store = f"redis://app:{SECRET}@127.0.0.1:{unused_port()}/0"  # nothing listens there
+    sidecar = SidecarProcess.start("a", store, lease_duration="1s", env={"PYTHONWARNINGS": ""})
+    try:
+        sidecar.wait_log(lambda e: e.get("level") in ("warning", "error"))  # the store fails
+        bodies = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for url in (
+                f"http://{sidecar.local}/leader",
+                f"http://{sidecar.public}/leader",
+                f"http://{sidecar.public}/readyz",
+                f"http://{sidecar.public}/healthz",
+                f"http://{sidecar.public}/metrics",
+            ):
+                async with session.get(url) as response:
+                    bodies.append(await response.text())
+        sidecar.signal(signal.SIGUSR1)
+        sidecar.wait_log(lambda e: e.get("msg") == "state")
+        sidecar.terminate()
+        assert sidecar.wait_exit(5) == 0
+        sidecar.wait_log(lambda e: e.get("msg") == "stopped")
+        everything = "\n".join([*sidecar.raw, *bodies])
+        assert json.loads(bodies[2])["last_error"], "the store's error is part of what we check"
+        assert SECRET not in everything
+    finally:
+        sidecar.stop()
