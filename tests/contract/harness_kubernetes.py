@@ -28,7 +28,9 @@ class KubernetesHarness:
         store = KubernetesLeaseStore(
             NAMESPACE,
             LEASE,
-            api=KubeApi(str(self.kubeconfig), request_timeout=5.0),
+            # Generous: 50 clients at once against the fake on 2 busy cores must not time out
+            # (a timed-out winner would hide the grant the test counts).
+            api=KubeApi(str(self.kubeconfig), request_timeout=20.0),
             default_duration=30.0,
         )
         self.stores.append(store)
