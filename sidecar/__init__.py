@@ -6,9 +6,12 @@ guarantees, and what it cannot:
 
 * A sidecar stops calling itself leader on its own deadline — the lease minus a safety margin,
   counted from when its last successful renewal was *sent* — even when it cannot reach the store.
-* Expiry is judged by the store's own clock (Redis TTL), by this process's observation
-  (Kubernetes), or by one host's clock (SQLite); never by comparing two hosts' clocks.
-* The term never goes back, even if the store's record is deleted while any sidecar still runs.
+* Expiry is observed, the same way for every store (`sidecar.observed`): a lease is taken only
+  after this process has seen one record version unchanged for a lease on its own monotonic
+  clock. No store TTL, timestamp or host clock ever grants.
+* Every grant has a term no earlier grant had, also after the store lost its state while any
+  sidecar still runs: a holder puts its grant back, and a grant after a loss jumps far above
+  every term seen, after waiting out that loss.
 * It cannot stop a paused or partitioned app from finishing a write it already started: only
   the resource can, by refusing writes whose term is lower than one it has already seen.
 """
