@@ -140,7 +140,7 @@ async def post_release(request: web.Request) -> web.Response:
             )
         return _error(403, refusal)
     elector = request.app[ELECTOR]
-    released = await elector.release("released")
+    released = await elector.release_from_any_loop("released")
     body = {"released": released, **elector.status().to_json()}
     return web.json_response(body, status=200, headers={"Cache-Control": "no-store"})
 

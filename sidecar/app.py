@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
+from sidecar.api_thread import ApiThread
 from sidecar.backends import open_store
 from sidecar.backends.base import LeaseStore
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -57,6 +58,7 @@ class Sidecar:
         if self._gap_listener is not None:
             self.elector.on_gap_alert(self._on_gap_alert)
         self.listeners: list[Listener] = []
+        self.api_thread: ApiThread | None = None  # the listeners' thread (see api_thread)
         self._election: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.addresses: dict[str, HostPort] = {}
@@ -141,13 +143,14 @@ class Sidecar:
         public = create_public_app(
             self.elector, self.registry, self.election_alive, limits, self.scrub
         )
+        self.api_thread = ApiThread()
         for name, app, where in (
             ("local", local, self.config.listen),
             ("public", public, self.config.public_listen),
         ):
             listener = Listener(name, app, where, limits)
             self.listeners.append(listener)
-            self.addresses[name] = await listener.start()
+            self.addresses[name] = await self.api_thread.run(listener.start())
             log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
         self._election = asyncio.create_task(self.elector.run(), name="election")
         self._spawn(self.actions.run(), "demotion-actions")
@@ -178,6 +181,12 @@ class Sidecar:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         for listener in self.listeners:
-            await listener.stop()
+            if self.api_thread is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        self.api_thread.run(listener.stop()), max(0.05, deadline - loop.time())
+                    )
+        if self.api_thread is not None:
+            self.api_thread.close()
         await self.store.close()
         log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)

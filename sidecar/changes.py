@@ -22,13 +22,26 @@ class ChangeFeed:
         self._changed = asyncio.Event()
 
     async def follow(self) -> None:
-        """Run until cancelled: the only task that wakes at the elector's deadline ticks."""
+        """Run until cancelled: the only task that wakes for the elector. It runs on the
+        listener's loop, which need not be the election's (see `sidecar.api_thread`): the
+        elector pokes it thread-safely on every change, and it times the leader's deadline
+        itself, since a deadline passes without any election activity."""
+        loop = asyncio.get_running_loop()
+        poked = asyncio.Event()
+        self._elector.on_change(lambda: loop.call_soon_threadsafe(poked.set))
         while True:
-            status = await self._elector.wait_for_change(self._etag, FOLLOW_SECONDS)
+            poked.clear()  # before reading: a change after this read pokes again
+            status = self._elector.status()
             if status.etag != self._etag:
                 self._etag = status.etag
                 self._changed.set()
                 self._changed = asyncio.Event()
+            timeout = status.valid_for + 0.001 if status.leader else FOLLOW_SECONDS
+            try:
+                async with asyncio.timeout(timeout):
+                    await poked.wait()
+            except TimeoutError:
+                pass
 
     async def wait(self, etag: str, timeout: float) -> LeaderStatus:
         """The state once its ETag differs from ``etag``, or when ``timeout`` passes."""

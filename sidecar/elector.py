@@ -146,6 +146,8 @@ class Elector:
         self._changed = asyncio.Event()
         self._published_etag = ""
         self._transition_listeners: list[Callable[[Transition], None]] = []
+        self._change_listeners: list[Callable[[], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
         self._gap_listeners: list[Callable[[GapAlert], None]] = []
         metrics.bind(self.is_leader, self._seconds_since_renewal)
 
@@ -221,10 +223,27 @@ class Elector:
     def on_gap_alert(self, listener: Callable[[GapAlert], None]) -> None:
         self._gap_listeners.append(listener)
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """``listener`` is called (on the election's thread) whenever the ETag changes; it
+        must be thread-safe and must not block (e.g. ``loop.call_soon_threadsafe``). A leader
+        passing its deadline with no election activity is not reported: readers time that
+        from ``status().valid_for`` themselves."""
+        self._change_listeners.append(listener)
+
+    async def release_from_any_loop(self, reason: str = "released") -> bool:
+        """`release`, callable from another thread's event loop (the API's): it runs on the
+        election's own loop, where every store call of this elector runs."""
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await self.release(reason)
+        future = asyncio.run_coroutine_threadsafe(self.release(reason), loop)
+        return await asyncio.wrap_future(future)
+
     # -- the loop -----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Acquire, renew and follow the watch until cancelled."""
+        self._loop = asyncio.get_running_loop()
         watch = asyncio.create_task(self._follow_watch(), name="lease-watch")
         try:
             while True:
@@ -500,6 +519,11 @@ class Elector:
             self._published_etag = etag
             self._changed.set()
             self._changed = asyncio.Event()
+            for listener in self._change_listeners:
+                try:
+                    listener()
+                except Exception:
+                    logger.exception("change listener failed")
 
     # -- renewal gaps -------------------------------------------------------------------
 
