@@ -176,7 +176,12 @@ async def stalled(
 
 async def split_brain(pool: Pool) -> float:
     """SIGSTOP the leader for two leases (another takes over), SIGCONT: seconds during which
-    both claimed (the old leader's last 200 after resuming)."""
+    both claimed (the old leader's last 200 after resuming).
+
+    Only answers to requests sent after SIGSTOP count: those can only have been computed after
+    SIGCONT. An answer computed just before the pause can reach the client after it; no
+    ``/leader`` can prevent that (the term and ``valid_for_seconds`` are for that), so such
+    answers are only reported on stdout."""
     first, leader = await pool.settle()
     leader.signal(signal.SIGSTOP)
     paused = time.time()
@@ -188,10 +193,17 @@ async def split_brain(pool: Pool) -> float:
     ]
     assert other, "nobody took over during the pause"
     await pool.first_not_leader(leader.name, resumed, pool.system.lease * 4)
+    for s in pool.observer.samples:
+        if s.name == first.name and s.leader and s.sent < paused and s.received >= resumed:
+            print(
+                f"  {pool.system.label}: a 200 sent {s.sent - paused:+.3f} s before SIGSTOP "
+                f"arrived {s.received - resumed:.3f} s after SIGCONT: {s.body}",
+                flush=True,
+            )
     late = [
         s.received
         for s in pool.observer.samples
-        if s.name == first.name and s.leader and s.received >= resumed
+        if s.name == first.name and s.leader and s.sent >= paused and s.received >= resumed
     ]
     await pool.leader()
     return max(late) - resumed if late else 0.0
