@@ -196,7 +196,7 @@ async def split_brain(pool: Pool) -> float:
     for s in pool.observer.samples:
         if s.name == first.name and s.leader and s.sent < paused and s.received >= resumed:
             print(
-                f"  {pool.system.label}: a 200 sent {s.sent - paused:+.3f} s before SIGSTOP "
+                f"  {pool.system.label}: a 200 sent {paused - s.sent:.3f} s before SIGSTOP "
                 f"arrived {s.received - resumed:.3f} s after SIGCONT: {s.body}",
                 flush=True,
             )
