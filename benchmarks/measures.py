@@ -10,9 +10,11 @@ lease duration."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import signal
+import subprocess
 import time
 
 import aiohttp
@@ -96,7 +98,7 @@ class Pool:
 # -- the trials ------------------------------------------------------------------------------
 
 
-async def crash(pool: Pool) -> tuple[float, float, list[float]]:
+async def crash(pool: Pool) -> tuple[float | None, float, list[float]]:
     """SIGKILL the leader at a random moment in its renew interval: (seconds from the moment
     the lease could first be taken to the successor's reign, the leader's RSS just before,
     the followers' RSS)."""
@@ -108,10 +110,15 @@ async def crash(pool: Pool) -> tuple[float, float, list[float]]:
     killed = time.time()
     leader.signal(signal.SIGKILL)
     await asyncio.to_thread(leader.proc.wait, 5)
-    successor = await pool.observer.wait_for(
-        lambda s: s.leader and s.name != first.name and s.sent >= killed,
-        timeout=pool.system.lease * 4 + 10,
-    )
+    try:
+        successor = await pool.observer.wait_for(
+            lambda s: s.leader and s.name != first.name and s.sent >= killed,
+            timeout=successor_timeout(pool),
+        )
+    except AssertionError:
+        print(f"  {pool.system.label}: no successor after SIGKILL", flush=True)
+        await pool.replace(leader)
+        return None, *rss
     await asyncio.sleep(0.2)  # MONITOR lines are read on a thread
     last = await asyncio.to_thread(pool.system.last_write_before, killed)
     assert last is not None, "no write to the lease seen at the store"
@@ -119,18 +126,32 @@ async def crash(pool: Pool) -> tuple[float, float, list[float]]:
     return successor.since - (last + pool.system.lease), *rss
 
 
-async def handoff(pool: Pool) -> float:
-    """SIGTERM the leader: seconds until another replica leads."""
+async def handoff(pool: Pool) -> float | None:
+    """SIGTERM the leader: seconds until another replica leads (None: nobody led within
+    ``successor_timeout``; the signalled process is then killed and the run goes on)."""
     first, leader = await pool.settle()
     began = time.time()
     leader.signal(signal.SIGTERM)
-    successor = await pool.observer.wait_for(
-        lambda s: s.leader and s.name != first.name and s.sent >= began,
-        timeout=pool.system.lease * 4 + 10,
-    )
-    await asyncio.to_thread(leader.proc.wait, 10)
+    try:
+        successor = await pool.observer.wait_for(
+            lambda s: s.leader and s.name != first.name and s.sent >= began,
+            timeout=successor_timeout(pool),
+        )
+    except AssertionError:
+        exited = leader.proc.poll()
+        print(
+            f"  {pool.system.label}: no successor after SIGTERM; exit status {exited}", flush=True
+        )
+        await pool.replace(leader)
+        return None
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        await asyncio.to_thread(leader.proc.wait, 10)
     await pool.replace(leader)
     return successor.since - began
+
+
+def successor_timeout(pool: Pool) -> float:
+    return pool.system.lease * 4 + 10
 
 
 async def takeover(pool: Pool) -> float | None:

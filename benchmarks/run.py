@@ -91,19 +91,21 @@ async def bench_store(store: KubeStore | RedisStore, ours: System, theirs: Syste
         return [pick(r[side]) for r in results]  # type: ignore[index]
 
     lease = f"lease {store.lease:g} s"
+    no_successor = f"no successor within {store.lease * 4 + 10:g} s"
     never_release = theirs.ours is False and isinstance(theirs, OfficialOnKube)
     rows += [
         (
             f"{short}: crash failover, overshoot past the earliest take (SIGKILL at a random "
             f"moment; earliest = last write at the store + {lease})",
-            Cell(col(crashes, 0, lambda v: v[0])),
-            Cell(col(crashes, 1, lambda v: v[0])),
+            Cell(col(crashes, 0, lambda v: v[0]), never=no_successor),
+            Cell(col(crashes, 1, lambda v: v[0]), never=no_successor),
         ),
         (
             f"{short}: hand-off after SIGTERM (signal → successor leads)",
-            Cell(col(handoffs, 0)),
+            Cell(col(handoffs, 0), never=no_successor),
             Cell(
                 col(handoffs, 1),
+                never=no_successor,
                 note="(never releases: this is its failover)" if never_release else "",
             ),
         ),
