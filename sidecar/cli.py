@@ -60,9 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    store_url = config.store if "://" in config.store else None  # "kubernetes" is no secret
     scrub = Scrubber(
         secret_values(
-            [config.store, config.redis_password, config.redis_sentinel_password], os.environ
+            [store_url, config.redis_password, config.redis_sentinel_password], os.environ
         )
     )
     logs.configure(config.log_format, config.log_level, scrub)
