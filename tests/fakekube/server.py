@@ -764,6 +764,21 @@ class FakeApiServer:
         wanted_rv = (patched.get("metadata") or {}).get("resourceVersion")
         if wanted_rv is not None and wanted_rv != old["metadata"]["resourceVersion"]:
             raise wire.conflict(kind.resource, name)
+        wanted_uid = (patched.get("metadata") or {}).get("uid")
+        if wanted_uid and wanted_uid != old["metadata"]["uid"]:
+            # The real server: ValidateObjectMetaUpdate, uid is immutable (422, not 409).
+            raise wire.invalid(
+                kind.resource,
+                name,
+                [
+                    (
+                        "metadata.uid",
+                        f'Invalid value: "{wanted_uid}": field is immutable',
+                        "FieldValueInvalid",
+                    )
+                ],
+                plural_ref=True,
+            )
         try:
             obj, _ = kind.decode(patched, strict=False)
         except ApiError as exc:

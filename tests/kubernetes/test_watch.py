@@ -100,7 +100,10 @@ async def test_a_dropped_watch_resumes_from_the_last_resource_version(
         await holder.release("a_1", granted.term)
         took = await until(lambda: any(r is not None and r.free for r in seen))
         assert took < 1.0
-    assert f"resourceVersion={last_version}" in str(watch_requests(fake)[1]["query"])
+    # A record's version is "<uid>/<resourceVersion>"; the watch resumes from the latter.
+    assert last_version is not None
+    resume_from = last_version.rpartition("/")[2]
+    assert f"resourceVersion={resume_from}" in str(watch_requests(fake)[1]["query"])
     assert len(list_requests(fake)) == 1  # resumed, not listed again
 
 

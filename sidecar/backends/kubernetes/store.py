@@ -57,6 +57,13 @@ def whole_seconds(duration: float) -> int:
     return max(1, math.ceil(duration - 1e-9))
 
 
+def _version(lease: Any) -> str:
+    """What the elector compares (rule 2): the Lease's uid with its resourceVersion. A
+    resourceVersion alone can repeat after the API server's storage is restored or wiped (the
+    revisions start again) and then name another object; the uid is new for every object."""
+    return f"{lease.metadata.uid or ''}/{lease.metadata.resource_version}"
+
+
 def _newer(candidate: str | None, current: str | None) -> bool:
     """Whether ``candidate`` is a later resourceVersion than ``current``. resourceVersions are
     opaque; every API server in practice uses etcd's revision (a decimal counter), and this is
@@ -129,7 +136,7 @@ class KubernetesLeaseStore:
             holder=holder,
             term=int((spec.lease_transitions if spec else None) or 0),
             duration=duration,
-            version=str(lease.metadata.resource_version),
+            version=_version(lease),
             released=holder is None,  # an empty holderIdentity: released (or never held)
             acquired_at=spec.acquire_time if spec else None,
             renewed_at=spec.renew_time if spec else None,
@@ -218,7 +225,13 @@ class KubernetesLeaseStore:
         """A merge patch conditional on ``lease``'s resourceVersion. Raises CallError for 404
         and 409, StoreUnavailable for everything else."""
         coordination = await self._coordination()
-        patch = {"metadata": {"resourceVersion": lease.metadata.resource_version}, "spec": spec}
+        # The uid too: after an etcd restore or wipe, resourceVersions start again, and a
+        # number seen before could name another Lease; the uid never repeats (and the API
+        # server refuses a write whose uid does not match the object's).
+        metadata = {"resourceVersion": lease.metadata.resource_version}
+        if lease.metadata.uid:
+            metadata["uid"] = lease.metadata.uid
+        patch = {"metadata": metadata, "spec": spec}
         try:
             return await self.api.call(
                 op,
@@ -231,7 +244,9 @@ class KubernetesLeaseStore:
                 ),
             )
         except CallError as error:
-            if error.status in (404, 409):
+            # 422 on our uid: the name now holds another Lease (see `_version`); decided like a
+            # 409, by reading what is there.
+            if error.status in (404, 409) or (error.status == 422 and "uid" in error.message):
                 raise
             raise self._unavailable(error) from None
 
@@ -250,10 +265,10 @@ class KubernetesLeaseStore:
             return await self._create(identity, duration, min_term + 1)
         # 2. The body to write over: the one we observed, if it is the expected version.
         lease = self._lease
-        if lease is None or str(lease.metadata.resource_version) != expected:
+        if lease is None or _version(lease) != expected:
             lease = await self._get()
             record = self._observe(lease)
-            if lease is None or str(lease.metadata.resource_version) != expected:
+            if lease is None or _version(lease) != expected:
                 raise LeaseHeld(f"the lease is not at resourceVersion {expected}", record)
         record = self._record(lease)
         self.previous_holder = record.holder or previous
