@@ -64,7 +64,16 @@ async def test_case1_a_second_deletion_is_waited_out_too(tmp_path: Path) -> None
     database = tmp_path / "leases.db"
     with sidecars(["a", "b", "c"], f"sqlite:///{database}") as procs:
         async with observing(procs) as observer:
-            await observer.leader(timeout=10)
+            leader = await observer.leader(timeout=10)
+            # Every replica has seen the grant: a candidate that has seen nothing cannot tell a
+            # store that lost everything from a new one (the README's first limit).
+            for proc in procs:
+                await observer.wait_for(
+                    lambda s, n=proc.name: (
+                        s.name == n and s.body is not None and s.body["holder"] == leader.identity
+                    ),
+                    timeout=10,
+                )
             for _loss in range(2):
                 delete_rows(database)
                 deleted = time.time()
