@@ -17,10 +17,11 @@ This is the one place where expiry is decided, the same way for every store:
   the loss) starts a new wait, and the loss episode ends as soon as the store shows a term as
   new as any seen.
 * **Unique terms across losses (rule 5).** A grant after a loss asks for a term
-  ``LOSS_TERM_GAP`` times the losses in a row above every term seen, so it cannot reuse the term of
-  a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP`` such
-  grants can be missed in a watch's delay), nor the term of another replica's grant after an
-  earlier loss of the same run.
+  ``LOSS_TERM_GAP`` times the losses in a row above every term seen, so it cannot reuse the
+  term of a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP``
+  such grants can be missed in a watch's delay), nor the term of another replica's grant after
+  an earlier loss of the same run. Losses it may have missed while it saw nothing count too:
+  one per lease of silence before the loss it sees.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class LeaseView:
         self._since = 0.0  # when that version was first seen
         self._longest = lease_duration  # the longest lease any record declared
         self.loss_since: float | None = None  # start of the current loss's wait (rule 8)
-        self.losses_in_a_row = 0  # losses seen since the store last showed a current term
+        self.losses_in_a_row = 0  # losses counted since the store last showed a current term
+        self._last_seen_at: float | None = None  # the previous observation's time
 
     # -- observing ---------------------------------------------------------------------
 
@@ -75,6 +77,7 @@ class LeaseView:
         """Take one observation. ``from_watch``: the store's watch delivered it, i.e. the store
         may have changed (a store that shows no record has no version to compare, so each such
         delivery counts as a change). Returns True when this observation began a new loss."""
+        previous_at, self._last_seen_at = self._last_seen_at, at
         key = record.version if record is not None else ABSENT
         changed = key != self._key or (from_watch and record is None)
         behind = self.seen_anything and (
@@ -96,9 +99,17 @@ class LeaseView:
             return False
         if self.loss_since is None or changed:
             self.loss_since = at
-            self.losses_in_a_row += 1
+            self.losses_in_a_row += 1 + self._losses_unseen(previous_at, at)
             return True
         return False
+
+    def _losses_unseen(self, previous_at: float | None, at: float) -> int:
+        """Losses this replica may have missed while it saw nothing (its watch was down): a
+        grant after a loss waits a lease, so a silence of S seconds hides at most S / lease
+        loss-and-grant cycles. Counting them keeps this grant's term above theirs."""
+        if previous_at is None:
+            return 0
+        return int((at - previous_at) // self._longest)
 
     # -- deciding ----------------------------------------------------------------------
 

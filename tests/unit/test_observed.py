@@ -77,3 +77,14 @@ def test_a_lower_term_is_a_loss_and_a_current_grant_ends_it() -> None:
     assert view.loss_since is None
     assert view.losses_in_a_row == 0
     assert view.next_attempt(2.0).why == "expired"
+
+
+def test_losses_missed_while_seeing_nothing_count_one_per_lease_of_silence() -> None:
+    """A watch down through a loss, the grant after it (which waited a lease) and a second
+    loss shows one loss where there were two: the silence before it counts the other, so this
+    grant's term jumps above the forgotten one."""
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=7), at=0.0)
+    view.observe(None, at=2.5 * LEASE, from_watch=True)  # back after 2.5 leases of nothing
+    assert view.losses_in_a_row == 1 + 2
+    assert view.next_attempt(2.5 * LEASE).min_term == 7 + 3 * LOSS_TERM_GAP

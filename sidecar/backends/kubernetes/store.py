@@ -438,6 +438,10 @@ class KubernetesLeaseStore:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # CallError, StoreUnavailable, _WatchBroken, bad JSON, ...
+                # List again rather than resume: the API server may have restarted, its storage
+                # wiped or restored, and resuming from a resourceVersion it no longer knows can
+                # be silent. The elector must see what is there now (a loss, rule 8).
+                version = None
                 failures += 1
                 delay = self._backoff(failures)
                 log(
