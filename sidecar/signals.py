@@ -11,6 +11,12 @@ of the process. asyncio's ``add_signal_handler`` puts the default action back wh
 closes, so a second SIGTERM that arrived while the interpreter exited killed it with 143.
 A handler only hands work to the loop; it never touches it once the loop has closed. At the
 very end every one of them is set to SIG_IGN (see `Signals.ignore_all`).
+
+Python runs signal handlers in the main thread, but the kernel may deliver a signal to any
+thread (the listeners' thread, an executor's). The main thread, asleep in the event loop's
+``epoll_wait``, would then not run the handler until something else woke it — seconds, for a
+follower. `attach` therefore points ``signal.set_wakeup_fd`` at a socket the loop watches: every
+signal wakes the main loop, which runs the handler at once.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import types
 from collections.abc import Callable
 
@@ -34,6 +41,8 @@ class Signals:
         self._on_stop: Callable[[], None] | None = None
         self._on_dump: Callable[[], None] | None = None
         self._on_ignored: Callable[[str], None] | None = None
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
+        self._previous_wakeup_fd = -1
 
     def install(self) -> None:
         for signum in STOP_SIGNALS:
@@ -53,12 +62,35 @@ class Signals:
         """Route signals to the running loop; a stop that came before is delivered now."""
         self._loop = loop
         self._on_stop, self._on_dump, self._on_ignored = on_stop, on_dump, on_ignored
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        self._wakeup = (reader, writer)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        loop.add_reader(reader.fileno(), self._drain_wakeup)
         if self.stop_requested:
             loop.call_soon(on_stop)
 
+    def _drain_wakeup(self) -> None:
+        """The bytes only woke the loop; the handler itself runs as Python code in this
+        thread right after."""
+        if self._wakeup is None:
+            return
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._wakeup[0].recv(4096):
+                pass
+
     def detach(self) -> None:
         """The loop is closing: from now on signals only update the flags."""
-        self._loop = None
+        loop, self._loop = self._loop, None
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            if loop is not None:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(self._wakeup[0].fileno())
+            for end in self._wakeup:
+                end.close()
+            self._wakeup = None
 
     def ignore_all(self) -> None:
         """The work is done: ignore every signal we handle until the process has exited.
