@@ -141,11 +141,16 @@ def highest_term(samples: list[Sample]) -> int:
 
 
 async def release(proc: SidecarProcess) -> None:
+    """POST /leader/release the way a local program must (the header, see docs/security.md);
+    a refusal would quietly turn the fault into another one, so it fails the run."""
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session,
-        session.post(f"http://{proc.local}/leader/release") as response,
+        session.post(
+            f"http://{proc.local}/leader/release", headers={"X-Leader-Sidecar": "release"}
+        ) as response,
     ):
         await response.read()
+        assert response.status == 200, f"release refused: HTTP {response.status}"
 
 
 async def delete_after_grant(
