@@ -70,6 +70,20 @@ async def test_a_candidate_naming_an_old_version_is_refused_and_told_what_is_the
     assert (after.holder, after.term, after.version) == ("a_1", granted.term, renewed.version)
 
 
+async def test_a_version_the_store_has_since_lost_grants_nothing(harness: StoreHarness) -> None:
+    """A candidate that watched a version expire, while the store lost it (a restart, a
+    deletion) before it asked, is refused: naming a version must never re-create the record
+    (a Kubernetes PUT to a missing Lease would create it, but not with the old uid)."""
+    a, b = harness.new_store(), harness.new_store()
+    await take(a, "a_1")
+    watched = await b.read()
+    assert watched is not None
+    await harness.reset()
+    with pytest.raises((LeaseHeld, Conflict)):
+        await b.try_acquire("b_1", LEASE, watched.term, expected=watched.version)
+    assert await a.read() is None, "the refused grant wrote something"
+
+
 async def test_a_version_watched_unchanged_is_taken_with_the_next_term(
     harness: StoreHarness,
 ) -> None:

@@ -684,6 +684,22 @@ class FakeApiServer:
             # resourceVersion the body carries (recorded: put-missing-with-rv).
             if namespace not in self.cluster.namespaces:
                 raise wire.not_found(NAMESPACES, namespace)
+            # ...but not with a uid: the API server checks a PUT's uid as a precondition
+            # against the stored object, here an empty one (registry Store.Update ->
+            # GuaranteedUpdate -> Preconditions.Check), and answers 409. Not in the recorded
+            # transcripts; from the API server's source.
+            if meta.get("uid"):
+                raise ApiError(
+                    409,
+                    wire.status(
+                        409,
+                        "Conflict",
+                        f"Operation cannot be fulfilled on {kind.resource[1]}.{kind.resource[0]} "
+                        f'"{name}": Precondition failed: UID in precondition: {meta["uid"]}, '
+                        "UID in object meta: ",
+                        {"name": name, "kind": kind.resource[1]},
+                    ),
+                )
             kind.validate(obj, None)
             stored = self._insert(request, kind, obj, namespace, body)
             return self._json(request, kind.output(stored), 201, self._warnings(warnings))
