@@ -108,6 +108,15 @@ SWITCHES: dict[str, dict[str, Any]] = {
         "api": {"host": "127.0.0.1", "port": 5050},
         "public": {"host": "::", "port": 5051},
     },
+    "limits": {
+        **EXAMPLE,
+        "limits": {
+            "maxConnections": 512,
+            "maxLongPolls": "32",
+            "maxEventStreams": 8,
+            "idleTimeout": "5s",
+        },
+    },
     "extras": {
         **EXAMPLE,
         "extraArgs": ["--log-level", "warning"],

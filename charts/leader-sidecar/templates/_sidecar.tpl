@@ -132,6 +132,24 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: LEADER_SIDECAR_IDENTITY
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.limits }}
+{{- with .maxConnections }}
+- name: LEADER_SIDECAR_MAX_CONNECTIONS
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .maxLongPolls }}
+- name: LEADER_SIDECAR_MAX_LONG_POLLS
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .maxEventStreams }}
+- name: LEADER_SIDECAR_MAX_EVENT_STREAMS
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .idleTimeout }}
+- name: LEADER_SIDECAR_IDLE_TIMEOUT
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- end }}
 - name: LEADER_SIDECAR_LISTEN
   value: {{ include "leader-sidecar.hostPort" .Values.api | quote }}
 - name: LEADER_SIDECAR_PUBLIC_LISTEN
