@@ -164,13 +164,22 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_BUDGET
         election = self._election
+        log(logger, "info", "stopping", lease=self.config.lease_ref)
+        self.elector.stop()
         if election is not None:
             crashed = election.done() and not election.cancelled() and election.exception()
             if crashed:
                 log(logger, "error", "the election task failed", error=repr(crashed))
-            election.cancel()
+            # Cancel until it is done, within a bounded time: a cancel that lands as a store
+            # request's own timeout is swallowed once, and `stop()` above ends the loop anyway.
+            for _ in range(5):
+                if election.done():
+                    break
+                election.cancel()
+                await asyncio.wait({election}, timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await election
+                if election.done():
+                    await election
         released = await self.elector.release(
             "shutdown",
             timeout=max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),

@@ -148,6 +148,7 @@ class Elector:
         self._transition_listeners: list[Callable[[Transition], None]] = []
         self._change_listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
+        self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
         self._gap_listeners: list[Callable[[GapAlert], None]] = []
         metrics.bind(self.is_leader, self._seconds_since_renewal)
 
@@ -246,7 +247,7 @@ class Elector:
         self._loop = asyncio.get_running_loop()
         watch = asyncio.create_task(self._follow_watch(), name="lease-watch")
         try:
-            while True:
+            while not self._stopping:
                 self._wake.clear()
                 now = self._clock.now()
                 self._tick(now)
@@ -262,6 +263,14 @@ class Elector:
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Make `run` return at its next turn, and no new step start. Shutdown calls this
+        before cancelling: a cancellation that lands just as a request's own timeout fires
+        can surface as that timeout, which the loop tolerates as a store error and goes on
+        renewing — a sidecar that would never finish its SIGTERM."""
+        self._stopping = True
+        self._wake.set()
 
     def _timers(self) -> list[float]:
         """Moments the loop must wake for even without a store call: the deadline, and the
@@ -399,33 +408,46 @@ class Elector:
         """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
         start), then release the lease at the store, conditional on holder and term, so a
         follower can take over within one round trip (rule 7). False if not leading."""
-        async with self._lock:
-            if self._role is not Role.LEADER:
-                return False
-            term = self._term
+        budget = self.timing.request_timeout if timeout is None else timeout
+        try:
+            # A step in flight holds the lock for at most one request: never wait longer.
+            await asyncio.wait_for(self._lock.acquire(), budget + self.timing.request_timeout)
+        except TimeoutError:
+            # Demote all the same (/leader says 503 first); the lease then expires.
+            leading = self._role is Role.LEADER
             self._demote(reason)
-            if reason == "released":
-                # Give the others the lease instead of taking it straight back.
-                self._hold_off_until = self._clock.now() + self.timing.lease_duration
-                self._next_attempt = max(self._next_attempt, self._hold_off_until)
-            budget = self.timing.request_timeout if timeout is None else timeout
-            try:
-                record = await self._call(
-                    "release", lambda: self.store.release(self.identity, term), budget
-                )
-                self._observe(record)
-            except NotOwned as gone:
-                self._observe(gone.record)
-            except StoreError as exc:
-                log(
-                    logger,
-                    "warning",
-                    "could not release the lease; it will expire on its own",
-                    lease=self.lease,
-                    error=str(exc),
-                    expires_within_seconds=self.timing.lease_duration,
-                )
-            return True
+            return leading
+        try:
+            return await self._release_locked(reason, budget)
+        finally:
+            self._lock.release()
+
+    async def _release_locked(self, reason: str, budget: float) -> bool:
+        if self._role is not Role.LEADER:
+            return False
+        term = self._term
+        self._demote(reason)
+        if reason == "released":
+            # Give the others the lease instead of taking it straight back.
+            self._hold_off_until = self._clock.now() + self.timing.lease_duration
+            self._next_attempt = max(self._next_attempt, self._hold_off_until)
+        try:
+            record = await self._call(
+                "release", lambda: self.store.release(self.identity, term), budget
+            )
+            self._observe(record)
+        except NotOwned as gone:
+            self._observe(gone.record)
+        except StoreError as exc:
+            log(
+                logger,
+                "warning",
+                "could not release the lease; it will expire on its own",
+                lease=self.lease,
+                error=str(exc),
+                expires_within_seconds=self.timing.lease_duration,
+            )
+        return True
 
     # -- state changes ------------------------------------------------------------------
 
@@ -565,7 +587,7 @@ class Elector:
     async def _follow_watch(self) -> None:
         """Stores reconnect their watch themselves; this guards against a bug in one, since
         without a watch followers still take over at the observed expiry, only slower."""
-        while True:
+        while not self._stopping:
             try:
                 async for record in self.store.watch():
                     self.on_watch(record)

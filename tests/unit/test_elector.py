@@ -630,3 +630,16 @@ async def test_a_gap_that_ends_in_a_deadline_demotion_is_alerted(
     assert sample(a, "leader_sidecar_renewal_gap_over_half_lease_total") == 1
     assert len(alerts) == 1
     assert alerts[0].gap >= TIMING.lease_duration
+
+
+async def test_stop_ends_the_loop_without_a_cancel(world: World) -> None:
+    """Shutdown must not depend on a cancellation arriving intact: one that lands as a
+    request's own timeout fires surfaces as that timeout, which the loop tolerates."""
+    a = world.elector("a")
+    running = asyncio.create_task(a.run())
+    await asyncio.sleep(0.05)
+    assert a.status().leader
+    a.stop()
+    await asyncio.wait_for(running, timeout=2.0)  # returns by itself: no cancel() sent
+    assert running.done()
+    assert not running.cancelled()
