@@ -4,7 +4,8 @@ three sidecars, a real store, and an observer polling every ``/leader`` every 10
 * case 1 — the SQLite lease row deleted twice in a row, the second time while the leader
   granted after the first is inside its deadline: every loss is waited out on its own;
 * case 4 — the Redis host's wall clock steps forward an hour (an NTP step, a VM resume): the
-  key's TTL follows that clock, but expiry is observed, so nobody takes the lease;
+  key's TTL follows that clock, but expiry is observed, so nobody takes the lease — also a
+  replica that starts while the key is gone and the leader is paused for a moment;
 * case 5 — one sidecar in its own time namespace (``unshare --time``): its CLOCK_BOOTTIME is
   a day ahead of the others', which must not make a live lease look expired.
 
@@ -139,6 +140,33 @@ async def test_case4_a_redis_clock_step_moves_no_lease(
                 assert time.monotonic() - killed < 2 * LEASE + 2, "stuck behind the key's TTL"
             assert_terms_unique(observer)
             observer.assert_never_two_leaders()
+
+
+async def test_case4_a_key_the_clock_step_removed_is_not_free_to_a_new_replica(
+    stepped_redis: tuple[ShiftedRedisServer, ClockShift],
+) -> None:
+    """The step removes the key while the leader is briefly paused (a GC pause, a slow node),
+    and a replica that starts now finds only the term counter. That is no release: it must
+    wait the leader out, not take the lease while the leader is inside its deadline."""
+    server, clock = stepped_redis
+    with sidecars(["a", "b"], server.url) as procs:
+        async with observing(procs) as observer:
+            leader = await observer.leader(timeout=10)
+            paused = next(p for p in procs if p.identity == leader.identity)
+            paused.pause()
+            try:
+                clock.step(3600.0)  # the leader's key is past its TTL on the server now
+                newcomer = SidecarProcess.start("c", server.url, lease_duration=f"{LEASE}s")
+            finally:
+                paused.resume()
+            try:
+                observer.watch(newcomer)
+                await hold_steady(observer, 3 * LEASE)
+                assert_terms_unique(observer)
+                now = await observer.leader(timeout=5, after=time.time())
+                assert (now.identity, now.term) == (leader.identity, leader.term)
+            finally:
+                newcomer.stop()
 
 
 # -- case 5: a sidecar in its own time namespace (SQLite) ----------------------------------------
