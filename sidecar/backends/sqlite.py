@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,19 +211,26 @@ class SQLiteLeaseStore:
             renewed_at=_wall(renewed),
         )
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+        """One write transaction: under SQLite's write lock, a look and a write are atomic."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     def _write(
         self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]
     ) -> tuple[LeaseRecord | None, LeaseRecord | None]:
         """Run one conditional statement in its own write transaction.
         Returns (written record, None) or (None, the record that blocked the write)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction(conn):
             written = conn.execute(sql, params).fetchone()
             current = None if written else conn.execute(_READ, params).fetchone()
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return self._record(written), self._record(current)
 
     # -- the contract ---------------------------------------------------------------------
@@ -244,16 +252,11 @@ class SQLiteLeaseStore:
         )
 
         def acquire(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction(conn):
                 current = self._record(conn.execute(_READ, params).fetchone())
                 written = None
                 if (current.version if current else None) == expected:
                     written = self._record(conn.execute(_ACQUIRE, params).fetchone())
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
             return written, current
 
         written, current = await self._run(acquire)
@@ -267,18 +270,13 @@ class SQLiteLeaseStore:
         )
 
         def renew(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction(conn):
                 written = self._record(conn.execute(_RENEW, params).fetchone())
                 current = None
                 if written is None:
                     current = self._record(conn.execute(_READ, params).fetchone())
                     if current is None or current.term < term:  # the store lost our grant
                         written = self._record(conn.execute(_RESTORE, params).fetchone())
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
             return written, current
 
         written, current = await self._run(renew)
