@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -29,6 +31,23 @@ async def take(
     return await store.try_acquire(
         identity, duration, min_term, expected=current.version if current else None
     )
+
+
+@contextlib.asynccontextmanager
+async def watching(store: LeaseStore) -> AsyncIterator[asyncio.Queue[LeaseRecord | None]]:
+    """What ``store.watch()`` yields, in a queue, while the block runs."""
+    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+
+    async def follow() -> None:
+        async for record in store.watch():
+            await seen.put(record)
+
+    watcher = asyncio.create_task(follow())
+    try:
+        yield seen
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
 
 
 async def acquire_or_none(store: LeaseStore, identity: str) -> LeaseRecord | None:
@@ -263,14 +282,7 @@ async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> No
     """A follower's watch sees the lease become free within a second."""
     a, b = harness.new_store(), harness.new_store()
     granted = await take(a, "a_1")
-    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
-
-    async def follow() -> None:
-        async for record in b.watch():
-            await seen.put(record)
-
-    watcher = asyncio.create_task(follow())
-    try:
+    async with watching(b) as seen:
         first = await asyncio.wait_for(seen.get(), timeout=5.0)  # connected: the current record
         assert first is not None
         assert first.holder == "a_1"
@@ -282,9 +294,6 @@ async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> No
             if record is not None and record.free:
                 break
         assert time.monotonic() - released_at < 1.0
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
 
 
 async def test_every_failure_is_a_store_error(harness: StoreHarness) -> None:
@@ -304,20 +313,10 @@ async def test_the_watch_reports_every_renewal(harness: StoreHarness) -> None:
     """Followers time expiry by versions, so they must see each new one promptly."""
     a, b = harness.new_store(), harness.new_store()
     granted = await take(a, "a_1")
-    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
-
-    async def follow() -> None:
-        async for record in b.watch():
-            await seen.put(record)
-
-    watcher = asyncio.create_task(follow())
-    try:
+    async with watching(b) as seen:
         await asyncio.wait_for(seen.get(), timeout=5.0)
         renewed = await a.renew("a_1", granted.term, LEASE)
         while True:
             record = await asyncio.wait_for(seen.get(), timeout=1.0)
             if record is not None and record.version == renewed.version:
                 break
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
