@@ -9,9 +9,7 @@ step of the store host and the Kubernetes API's own faults.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -21,7 +19,7 @@ from tests.chaos.clock import ClockShift
 from tests.chaos.fence import FencedResource, RedisFence, SqliteFence
 from tests.chaos.proxy import TcpProxy
 from tests.fakekube import FakeKubeProcess, write_kubeconfig
-from tests.redis.servers import READY_TIMEOUT, RedisServer
+from tests.redis.servers import RedisServer
 
 SIDECAR_LEASE = "default"  # the sidecar's lease name outside a cluster (SQLite, Redis)
 KUBE_NAMESPACE = "demo"
@@ -106,33 +104,8 @@ class SqliteStore(StoreHarness):
 
 
 class ShiftedRedisServer(RedisServer):
-    """A redis-server whose wall clock the test steps (LD_PRELOAD of the clockshift shim).
-    `RedisServer._launch` takes no environment, so this copies its few lines with one."""
-
-    ENV: ClassVar[dict[str, str]] = {}
-
-    def _launch(self) -> bool:
-        import os
-
-        self.log.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            self.args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **self.ENV},
-        )
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            with contextlib.suppress(Exception), self.client() as client:
-                if client.ping():
-                    return True
-            time.sleep(0.01)
-        self.stop()
-        return False
+    """A redis-server whose wall clock the test steps: a subclass sets ``ENV`` to the
+    clockshift shim's LD_PRELOAD (libfaketime cannot run redis-server)."""
 
 
 class RedisStore(StoreHarness):

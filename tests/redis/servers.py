@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import redis
 
@@ -49,6 +50,9 @@ def wait_until(predicate: object, timeout: float, what: str, interval: float = 0
 
 class RedisServer:
     """One ``redis-server`` (or ``redis-sentinel``) child process."""
+
+    # Extra environment for the server process (a subclass sets it, e.g. an LD_PRELOAD shim).
+    ENV: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -177,6 +181,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C of the test run is not delivered twice
+            env={**os.environ, **self.ENV} if self.ENV else None,
         )
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
