@@ -6,8 +6,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sidecar.backends.base import LeaseStore
+    from sidecar.backends.base import LeaseStore, StoreClient
     from sidecar.config import Config
+
+
+def open_client(config: Config) -> StoreClient:
+    """One connection to the configured store, shared by every lease of this sidecar."""
+    scheme = config.store_scheme
+    if scheme == "sqlite":
+        from sidecar.backends.sqlite import SQLiteStoreClient, sqlite_path
+
+        busy_timeout = 0.8 * config.timing.request_timeout
+        return SQLiteStoreClient(sqlite_path(config.store), busy_timeout=busy_timeout)
+    if scheme in ("redis", "rediss", "redis+sentinel"):
+        from sidecar.backends.redis import open_redis_client
+
+        return open_redis_client(config)
+    if scheme == "kubernetes":
+        from sidecar.backends.kubernetes import open_kubernetes_client
+
+        return open_kubernetes_client(config)
+    raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this
 
 
 def open_store(config: Config) -> LeaseStore:

@@ -22,6 +22,8 @@ information for humans; they never grant.
 * ``release`` frees the caller's grant (keeping the term) while ``holder`` and ``term`` are
   still the caller's, and marks the record *released*: free at once for everyone; otherwise
   it changes nothing and raises `NotOwned` (rule 1).
+  ``release`` may name a ``successor`` identity: the released record carries it, so the others stand back briefly and the named replica takes over (a transfer). The
+  successor is a preference for liveness only; the record is free for everyone (rule 2).
 * Every version is new on every write and never comes back (a random token, or Kubernetes'
   resourceVersion), so "the same version" means "nothing was written in between".
 
@@ -59,6 +61,11 @@ class LeaseRecord:
     """True when the holder is None because of an explicit release: free at once. A record
     with no holder that is *not* released (the store lost the holder) is waited out like a
     held one."""
+
+    successor: str | None = None
+    """Set only on a released record: the identity the releasing holder handed the lease to
+    (a transfer, a rolling update). Others stand back briefly so that one wins the race; it is
+    never a reason to refuse anyone a grant (the record is free)."""
 
     acquired_at: datetime | None = None
     """Wall-clock time of the grant, for humans only."""
@@ -128,9 +135,12 @@ class LeaseStore(Protocol):
         `Conflict` or `StoreUnavailable`."""
         ...
 
-    async def release(self, identity: str, term: int) -> LeaseRecord | None:
-        """Free the lease (keeping its term; the record says *released*) if ``identity``
-        still holds it with ``term``. Raises `NotOwned`, `Conflict` or `StoreUnavailable`."""
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
+        """Free the lease (keeping its term; the record says *released*, and names
+        ``successor`` if given) if ``identity`` still holds it with ``term``. Raises
+        `NotOwned`, `Conflict` or `StoreUnavailable`."""
         ...
 
     def watch(self) -> AsyncIterator[LeaseRecord | None]:
@@ -141,5 +151,73 @@ class LeaseStore(Protocol):
         ...
 
     async def close(self) -> None:
-        """Release connections and threads. The lease itself is left as it is."""
+        """Release what this lease alone holds (its watch). The lease itself is left as it
+        is; the `StoreClient` it came from owns the connections."""
+        ...
+
+
+# -- candidates: who is alive to take leases (balance, transfer, rolling updates) -----------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica's candidate record: written by itself every renew interval, with a new
+    ``version`` on every write. Liveness is *observed* exactly like a lease (rule 2): a record
+    whose version stayed the same for a lease on the reader's own clock is dead; a store's
+    timestamps are for humans and garbage collection only."""
+
+    identity: str
+    version: str
+    revision: str = ""
+    """The replica's revision (Kubernetes: the pod-template-hash label); "" when unknown."""
+    priority: int = 0
+    """Higher is preferred as a successor (``--priority``)."""
+    leaving: bool = False
+    """Set by a replica that is shutting down: never hand it a lease."""
+    started_at: datetime | None = None
+    """Wall-clock start of the replica: among equals, the newest is preferred (rollouts)."""
+    beat_at: datetime | None = None
+    """Wall-clock time of the last write, for humans (``status``) and garbage collection."""
+
+
+@runtime_checkable
+class CandidateRegistry(Protocol):
+    """The candidates of one group of leases (one sidecar's set), in one store."""
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        """Write ``candidate`` (its identity's record only) with a new version. ``duration``
+        is the lease: the store may garbage-collect records not written for many of them.
+        Raises `StoreUnavailable`."""
+        ...
+
+    async def list(self) -> list[Candidate]:
+        """Every candidate record the store holds (dead ones too: the reader judges).
+        Raises `StoreUnavailable`."""
+        ...
+
+    async def leave(self, identity: str) -> None:
+        """Remove ``identity``'s record (a graceful exit). Raises `StoreUnavailable`."""
+        ...
+
+
+@runtime_checkable
+class StoreClient(Protocol):
+    """One connection to one store, shared by every lease a sidecar holds (1,000 leases
+    must not mean 1,000 connections, pollers or watch streams)."""
+
+    @property
+    def description(self) -> str:
+        """Where the leases live, for logs, without secrets: ``sqlite:///x.db``."""
+        ...
+
+    def lease(self, name: str) -> LeaseStore:
+        """The store of the lease ``name``; cheap, no I/O until used."""
+        ...
+
+    def candidates(self, group: str) -> CandidateRegistry:
+        """The candidate registry of ``group``."""
+        ...
+
+    async def close(self) -> None:
+        """Close connections, threads and shared watches."""
         ...

@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned
+from sidecar.backends.base import Candidate, LeaseHeld, LeaseRecord, NotOwned
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -21,6 +21,7 @@ class _Row:
     released: bool
     acquired_at: object
     renewed_at: object
+    successor: str | None = None
 
 
 class MemoryLeaseState:
@@ -59,6 +60,7 @@ class MemoryLeaseState:
             duration=row.duration,
             version=row.version,
             released=row.released,
+            successor=row.successor,
             acquired_at=row.acquired_at,  # type: ignore[arg-type]
             renewed_at=row.renewed_at,  # type: ignore[arg-type]
         )
@@ -120,12 +122,15 @@ class MemoryLeaseStore:
         row.version = state.next_version()
         return self._changed()
 
-    async def release(self, identity: str, term: int) -> LeaseRecord | None:
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
         row = self.state.row
         if row is None or row.holder != identity or row.term != term:
             raise NotOwned(f"not held by {identity} with term {term}", self.state.record())
         row.holder = None
         row.released = True
+        row.successor = successor
         row.version = self.state.next_version()
         return self._changed()
 
@@ -134,6 +139,63 @@ class MemoryLeaseStore:
         while True:
             await self.state.wait_changed()
             yield self.state.record()
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryServer:
+    """Many leases and candidate groups in one process: what a `MemoryStoreClient` talks to."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+        self.leases: dict[str, MemoryLeaseState] = {}
+        self.groups: dict[str, dict[str, Candidate]] = {}
+        self._beats = 0
+
+    def state(self, name: str) -> MemoryLeaseState:
+        if name not in self.leases:
+            self.leases[name] = MemoryLeaseState(self.clock)
+        return self.leases[name]
+
+    def next_beat(self) -> str:
+        self._beats += 1
+        return f"c{self._beats}"
+
+
+class MemoryCandidates:
+    def __init__(self, server: MemoryServer, group: str) -> None:
+        self.server = server
+        self.group = group
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        records = self.server.groups.setdefault(self.group, {})
+        records[candidate.identity] = dataclasses.replace(
+            candidate, version=self.server.next_beat(), beat_at=self.server.clock.wall()
+        )
+
+    async def list(self) -> list[Candidate]:
+        return list(self.server.groups.get(self.group, {}).values())
+
+    async def leave(self, identity: str) -> None:
+        self.server.groups.get(self.group, {}).pop(identity, None)
+
+
+class MemoryStoreClient:
+    """One replica's client of a `MemoryServer`."""
+
+    def __init__(self, server: MemoryServer | None = None) -> None:
+        self.server = server or MemoryServer()
+
+    @property
+    def description(self) -> str:
+        return "memory"
+
+    def lease(self, name: str) -> MemoryLeaseStore:
+        return MemoryLeaseStore(self.server.state(name), name)
+
+    def candidates(self, group: str) -> MemoryCandidates:
+        return MemoryCandidates(self.server, group)
 
     async def close(self) -> None:
         return None

@@ -2,19 +2,25 @@ from __future__ import annotations
 
 import contextlib
 
-from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
+from sidecar.backends.memory import MemoryServer, MemoryStoreClient
+from sidecar.backends.memory import MemoryLeaseStore
 from tests.contract.harness import HarnessIterator
 
 
 class MemoryHarness:
+    lease_name = "contract"
+
     def __init__(self) -> None:
-        self.state = MemoryLeaseState()
+        self.server = MemoryServer()
 
     def new_store(self) -> MemoryLeaseStore:
-        return MemoryLeaseStore(self.state, "contract")
+        return self.new_client().lease(self.lease_name)
+
+    def new_client(self) -> MemoryStoreClient:
+        return MemoryStoreClient(self.server)
 
     async def reset(self) -> None:
-        self.state.delete()
+        self.server.state(self.lease_name).delete()
 
 
 @contextlib.asynccontextmanager
