@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -16,13 +18,14 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from sidecar.changes import ChangeFeed
 from sidecar.config import duration_seconds
 from sidecar.elector import Elector, LeaderStatus
+from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.logs import Throttle, log
 from sidecar.release_guard import release_refusal
 
 logger = logging.getLogger("sidecar.api")
 
-ELECTOR = web.AppKey("elector", Elector)
+LEASES = web.AppKey("leases", LeaseSet)
 ELECTION_ALIVE: web.AppKey[Callable[[], bool]] = web.AppKey("election_alive")
 CHANGES = web.AppKey("changes", ChangeFeed)
 LONG_POLLS = web.AppKey("long_polls", Slots)
@@ -64,28 +67,106 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _set_etag(statuses: list[LeaderStatus]) -> str:
+    """Changes exactly when some lease's ETag changes."""
+    digest = hashlib.sha256("".join(status.etag for status in statuses).encode())
+    return '"' + digest.hexdigest()[:16] + '"'
+
+
+def _one_lease(request: web.Request) -> Elector | web.Response:
+    """The elector ``GET /leader`` answers for: the only lease, else a 400 that says where
+    to ask (failing closed: a client reading ``200`` as leadership never sees one here)."""
+    leases = request.app[LEASES]
+    if len(leases.electors) == 1:
+        return leases.primary
+    example = next(iter(leases.electors))
+    return _error(
+        400,
+        f"this sidecar runs {len(leases.electors)} leases: ask GET /leader/{example} for "
+        "one, or GET /leases for all",
+    )
+
+
+def _named_lease(request: web.Request) -> Elector | web.Response:
+    name = request.match_info["lease"]
+    elector = request.app[LEASES].get(name)
+    if elector is None:
+        return _error(404, "no such lease here; GET /leases lists this sidecar's leases")
+    return elector
+
+
 async def get_leader(request: web.Request) -> web.Response:
     """``200`` when this replica leads now, ``503`` otherwise. ``?wait=SECONDS`` with
     ``If-None-Match: <etag>`` holds the request until the state differs from that ETag."""
-    elector = request.app[ELECTOR]
+    elector = _one_lease(request)
+    if isinstance(elector, web.Response):
+        return elector
+    return await _leader_answer(request, elector)
+
+
+async def get_named_leader(request: web.Request) -> web.Response:
+    """``GET /leader/{lease}``: ``GET /leader`` for one lease of several."""
+    elector = _named_lease(request)
+    if isinstance(elector, web.Response):
+        return elector
+    return await _leader_answer(request, elector)
+
+
+def _wait_of(request: web.Request) -> float | web.Response | None:
+    """``?wait=`` with ``If-None-Match``: seconds to hold; None: answer at once."""
     wait_text = request.query.get("wait")
-    etag = request.headers.get("If-None-Match")
-    if wait_text is None or etag is None:
-        return status_response(elector.status())
+    if wait_text is None or request.headers.get("If-None-Match") is None:
+        return None
     try:
-        wait = 0.0 if wait_text == "" else parse_wait(wait_text)
+        return 0.0 if wait_text == "" else min(parse_wait(wait_text), MAX_WAIT)
     except ValueError as exc:
         return _error(400, str(exc))  # the value is not echoed: it is the client's
+
+
+async def _leader_answer(request: web.Request, elector: Elector) -> web.Response:
+    wait = _wait_of(request)
+    if isinstance(wait, web.Response):
+        return wait
+    if wait is None:
+        return status_response(elector.status())
     slots = request.app[LONG_POLLS]
     with slots.take() as granted:
         if not granted:
             return too_busy("long-polls", slots.limit)
-        status = await request.app[CHANGES].wait(etag.strip(), min(wait, MAX_WAIT))
+        etag = request.headers["If-None-Match"].strip()
+        status = await request.app[CHANGES].wait(elector.status, lambda s: s.etag, etag, wait)
     return status_response(status)
 
 
+async def get_leases(request: web.Request) -> web.Response:
+    """Every lease of this sidecar: ``leader``, ``holder``, ``term``, ``valid_for_seconds``
+    each; one ETag for the set, and the same long-poll as ``GET /leader``."""
+    leases = request.app[LEASES]
+    wait = _wait_of(request)
+    if isinstance(wait, web.Response):
+        return wait
+    statuses = leases.statuses()
+    if wait is not None:
+        slots = request.app[LONG_POLLS]
+        with slots.take() as granted:
+            if not granted:
+                return too_busy("long-polls", slots.limit)
+            etag = request.headers["If-None-Match"].strip()
+            statuses = await request.app[CHANGES].wait(leases.statuses, _set_etag, etag, wait)
+    body = {
+        "identity": leases.identity,
+        "held": sum(1 for status in statuses if status.leader),
+        "leases": [status.to_json() for status in statuses],
+        "candidates": leases.candidates(),
+    }
+    return web.json_response(
+        body, headers={"ETag": _set_etag(statuses), "Cache-Control": "no-store"}
+    )
+
+
 async def get_events(request: web.Request) -> web.StreamResponse:
-    """Server-Sent Events: the state on connect and on every change, keep-alives between."""
+    """Server-Sent Events: every lease's state on connect, then each lease whose state
+    changed, keep-alives between."""
     slots = request.app[EVENT_STREAMS]
     with slots.take() as granted:
         if not granted:
@@ -94,7 +175,7 @@ async def get_events(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream_events(request: web.Request) -> web.StreamResponse:
-    elector = request.app[ELECTOR]
+    leases = request.app[LEASES]
     changes = request.app[CHANGES]
     response = web.StreamResponse(
         headers={
@@ -104,16 +185,18 @@ async def _stream_events(request: web.Request) -> web.StreamResponse:
         }
     )
     await response.prepare(request)
-    status = elector.status()
+    statuses = leases.statuses()
     try:
-        await response.write(_sse(status))
+        await response.write(b"".join(_sse(status) for status in statuses))
         while True:
-            changed = await changes.wait(status.etag, SSE_KEEPALIVE)
-            if changed.etag == status.etag:
+            etag = _set_etag(statuses)
+            changed = await changes.wait(leases.statuses, _set_etag, etag, SSE_KEEPALIVE)
+            if _set_etag(changed) == etag:
                 await response.write(b": keep-alive\n\n")
-            else:
-                status = changed
-                await response.write(_sse(status))
+                continue
+            news = [new for old, new in zip(statuses, changed, strict=True) if new.etag != old.etag]
+            statuses = changed
+            await response.write(b"".join(_sse(status) for status in news))
     except ConnectionResetError:
         pass  # the client went away
     return response
@@ -124,25 +207,93 @@ def _sse(status: LeaderStatus) -> bytes:
     return f"id: {status.etag}\nevent: leader\ndata: {data}\n\n".encode()
 
 
-async def post_release(request: web.Request) -> web.Response:
-    """Step down now (rule 7). Answers the state after stepping down. Refused (403) unless
-    the request can only have come from a local program (see `release_refusal`)."""
+MAX_BODY = 4096  # a release or transfer body names a lease and an identity; nothing more
+
+
+async def _small_json(request: web.Request) -> dict[str, Any] | web.Response:
+    """The request's JSON object (``{}`` without a body), read in bounded memory."""
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        return _error(413, f"the body must be at most {MAX_BODY} bytes")
+    if not request.can_read_body:
+        return {}
+    raw = await request.content.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        return _error(413, f"the body must be at most {MAX_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "the body must be a JSON object")
+    if not isinstance(body, dict) or not all(isinstance(value, str) for value in body.values()):
+        return _error(400, 'the body must be a JSON object of strings, e.g. {"lease": "jobs-3"}')
+    return body
+
+
+def _refused(request: web.Request, what: str) -> web.Response | None:
     refusal = release_refusal(request)
-    if refusal is not None:
-        throttle = request.app[RELEASE_REFUSALS]  # a page in a loop must not flood the log
-        if throttle.allow():
-            log(
-                logger,
-                "info",
-                "release refused",
-                reason=refusal,
-                suppressed=throttle.take_suppressed(),
-            )
-        return _error(403, refusal)
-    elector = request.app[ELECTOR]
-    released = await elector.release_from_any_loop("released")
-    body = {"released": released, **elector.status().to_json()}
-    return web.json_response(body, status=200, headers={"Cache-Control": "no-store"})
+    if refusal is None:
+        return None
+    throttle = request.app[RELEASE_REFUSALS]  # a page in a loop must not flood the log
+    if throttle.allow():
+        log(
+            logger,
+            "info",
+            f"{what} refused",
+            reason=refusal,
+            suppressed=throttle.take_suppressed(),
+        )
+    return _error(403, refusal)
+
+
+async def post_release(request: web.Request) -> web.Response:
+    """Step down now (rule 7): the lease named in the body (``{"lease": ...}``), else every
+    lease this replica holds. Answers the state after stepping down. Refused (403) unless
+    the request can only have come from a local program (see `release_refusal`)."""
+    refused = _refused(request, "release")
+    if refused is not None:
+        return refused
+    body = await _small_json(request)
+    if isinstance(body, web.Response):
+        return body
+    leases = request.app[LEASES]
+    name = body.get("lease")
+    if name is not None and leases.get(name) is None:
+        return _error(404, "no such lease here; GET /leases lists this sidecar's leases")
+    targets = [leases.get(name)] if name is not None else list(leases.electors.values())
+    released = False
+    for elector in targets:
+        assert elector is not None
+        released = await elector.release_from_any_loop("released") or released
+    if len(leases.electors) == 1:
+        result: dict[str, Any] = {"released": released, **leases.primary.status().to_json()}
+    else:
+        result = {"released": released, "leases": [s.to_json() for s in leases.statuses()]}
+    return web.json_response(result, status=200, headers={"Cache-Control": "no-store"})
+
+
+async def post_transfer(request: web.Request) -> web.Response:
+    """Hand leadership to another replica now: ``{"to": "<identity or pod name>"|"any",
+    "lease": "<name>"}`` (lease optional: every lease held). The leader demotes, then
+    releases naming the successor; the others stand back briefly so that one wins."""
+    refused = _refused(request, "transfer")
+    if refused is not None:
+        return refused
+    body = await _small_json(request)
+    if isinstance(body, web.Response):
+        return body
+    to = body.get("to")
+    if not to:
+        return _error(400, 'name the successor: {"to": "<identity or pod name>"} or {"to": "any"}')
+    leases = request.app[LEASES]
+    try:
+        handed, successor = await leases.transfer(body.get("lease"), to)
+    except TransferRefused as exc:
+        return _error(409, str(exc))
+    return web.json_response(
+        {"transferred": handed, "successor": successor},
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def get_healthz(request: web.Request) -> web.Response:
@@ -155,7 +306,7 @@ async def get_healthz(request: web.Request) -> web.Response:
 async def get_readyz(request: web.Request) -> web.Response:
     """Ready: the store answered within the last lease duration. Independent of leadership,
     so followers stay ready and rolling updates are not blocked."""
-    elector = request.app[ELECTOR]
+    elector = request.app[LEASES].primary  # one store client: any lease tells
     if elector.store_answered_within(elector.timing.lease_duration):
         return web.json_response({"ok": True})
     return web.json_response(
@@ -168,11 +319,15 @@ async def get_readyz(request: web.Request) -> web.Response:
     )
 
 
-def _base_app(elector: Elector, limits: Limits, scrub: Callable[[str], str]) -> web.Application:
-    """What both listeners share: the elector, the change feed and the waiter limits."""
+def _base_app(
+    leases: Elector | LeaseSet, limits: Limits, scrub: Callable[[str], str]
+) -> web.Application:
+    """What both listeners share: the leases, the change feed and the waiter limits."""
+    if isinstance(leases, Elector):
+        leases = LeaseSet.single(leases)
     app = web.Application()
-    app[ELECTOR] = elector
-    app[CHANGES] = ChangeFeed(elector)
+    app[LEASES] = leases
+    app[CHANGES] = ChangeFeed(leases)
     app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)
     app[EVENT_STREAMS] = Slots("event streams", limits.max_event_streams)
     app[SCRUB] = scrub
@@ -193,19 +348,24 @@ def _unchanged(text: str) -> str:
 
 
 def create_local_app(
-    elector: Elector, limits: Limits = DEFAULT_LIMITS, scrub: Callable[[str], str] = _unchanged
+    elector: Elector | LeaseSet,
+    limits: Limits = DEFAULT_LIMITS,
+    scrub: Callable[[str], str] = _unchanged,
 ) -> web.Application:
     """The localhost listener: the app's view, including ``POST /leader/release``."""
     app = _base_app(elector, limits, scrub)
     app.router.add_get("/leader", get_leader)
+    app.router.add_get("/leader/{lease}", get_named_leader)
+    app.router.add_get("/leases", get_leases)
     app.router.add_get("/events", get_events)
     app.router.add_post("/leader/release", post_release)
+    app.router.add_post("/leader/transfer", post_transfer)
     app[RELEASE_REFUSALS] = Throttle()
     return app
 
 
 def create_public_app(
-    elector: Elector,
+    elector: Elector | LeaseSet,
     registry: CollectorRegistry,
     election_alive: Callable[[], bool],
     limits: Limits = DEFAULT_LIMITS,
@@ -215,6 +375,8 @@ def create_public_app(
     app = _base_app(elector, limits, scrub)
     app[ELECTION_ALIVE] = election_alive
     app.router.add_get("/leader", get_leader)
+    app.router.add_get("/leader/{lease}", get_named_leader)
+    app.router.add_get("/leases", get_leases)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/readyz", get_readyz)
     app.router.add_get("/metrics", make_aiohttp_handler(registry))

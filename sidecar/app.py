@@ -1,9 +1,11 @@
-"""Wiring: one store, one elector, two listeners, the demotion actions, and an orderly exit."""
+"""Wiring: one store client, one elector per lease (a `LeaseSet`), two listeners, the demotion
+actions, and an orderly exit."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,12 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
-from sidecar.backends import open_store
-from sidecar.backends.base import LeaseStore
+from sidecar.backends import open_client
+from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector, GapAlert
+from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import Metrics
@@ -35,28 +38,53 @@ class Sidecar:
         config: Config,
         *,
         store: LeaseStore | None = None,
+        client: StoreClient | None = None,
         registry: CollectorRegistry | None = None,
         clock: Clock = SYSTEM_CLOCK,
         scrub: Callable[[str], str] = str,
     ) -> None:
         self.config = config
         self.scrub = scrub  # removes secrets from text the API shows (store errors)
-        self.store = store or open_store(config)
         self.registry = registry or CollectorRegistry()
-        self.metrics = Metrics(self.registry, config.lease_ref, config.timing.lease_duration)
-        self.elector = Elector(
-            self.store,
-            config.timing,
-            config.identity,
-            config.lease_ref,
-            metrics=self.metrics,
-            clock=clock,
-        )
+        timing = config.timing
+
+        def metrics(lease: str) -> Metrics:
+            return Metrics(self.registry, lease, timing.lease_duration)
+
+        self.client: StoreClient | None = None
+        if store is not None:  # one lease over a store the caller opened (tests, embedding)
+            elector = Elector(
+                store,
+                timing,
+                config.identity,
+                config.lease_ref,
+                metrics=metrics(config.lease_ref),
+                clock=clock,
+            )
+            self.leases = LeaseSet.single(elector)
+        else:
+            self.client = client or open_client(config)
+            self.leases = LeaseSet.open(
+                self.client,
+                [(name, config.ref(name)) for name in config.lease_names],
+                timing,
+                config.identity,
+                group=config.candidate_group,
+                registry_metrics=metrics,
+                revision=config.revision,
+                priority=config.priority,
+                stand_back=config.stand_back,
+                clock=clock,
+            )
+        self.elector = self.leases.primary  # the first lease: `GET /leader` when it is the only
+        self.store = self.elector.store
+        self.metrics = self.elector.metrics
         actions, self._gap_listener = self._store_actions()
         self.actions = ActionRunner([*actions, *self._app_actions()])
-        self.elector.on_transition(self.actions.submit)
-        if self._gap_listener is not None:
-            self.elector.on_gap_alert(self._on_gap_alert)
+        for elector in self.leases.electors.values():
+            elector.on_transition(self.actions.submit)
+            if self._gap_listener is not None:
+                elector.on_gap_alert(self._on_gap_alert)
         self.listeners: list[Listener] = []
         self.api_thread: ApiThread | None = None  # the listeners' thread (see api_thread)
         self._election: asyncio.Task[None] | None = None
@@ -71,9 +99,12 @@ class Sidecar:
             return [], None
         from sidecar.backends.kubernetes import demotion_actions, gap_alert_listener
 
-        return demotion_actions(self.config, self.store), gap_alert_listener(
-            self.config, self.store
-        )
+        config = self.config
+        if len(config.lease_names) > 1:
+            # One pod label cannot say which of several leases a pod leads: label nothing,
+            # record the Events (each names its lease).
+            config = dataclasses.replace(config, role_label_key="")
+        return demotion_actions(config, self.store), gap_alert_listener(config, self.store)
 
     def _app_actions(self) -> list[Action]:
         """What every store does: tell the app by webhook, then by signal."""
@@ -105,9 +136,16 @@ class Sidecar:
     def state(self) -> dict[str, Any]:
         """What SIGUSR1 logs: leadership as ``GET /leader`` answers it, and per listener how
         much of each limit is in use and how much was refused."""
+        if len(self.leases.electors) > 1:
+            leadership: dict[str, Any] = {
+                "identity": self.leases.identity,
+                "leases": len(self.leases.electors),
+                "held": self.leases.held(),
+            }
+        else:
+            leadership = {**self.elector.status().to_json(), "role": self.elector.role.value}
         return {
-            **self.elector.status().to_json(),
-            "role": self.elector.role.value,
+            **leadership,
             "last_error": self.scrub(self.elector.last_error or "") or None,
             "listeners": {listener.name: listener.usage() for listener in self.listeners},
         }
@@ -120,8 +158,10 @@ class Sidecar:
             logger,
             "info",
             "starting",
-            store=self.store.description,
+            store=self.client.description if self.client else self.store.description,
             lease=self.config.lease_ref,
+            leases=len(self.leases.electors),
+            group=self.config.candidate_group if self.client else None,
             identity=self.config.identity,
             lease_duration=self.config.timing.lease_duration,
             renew_interval=self.config.timing.renew_interval,
@@ -139,9 +179,9 @@ class Sidecar:
                 max_connections=limits.max_connections,
                 missing_files=shortfall,
             )
-        local = create_local_app(self.elector, limits, self.scrub)
+        local = create_local_app(self.leases, limits, self.scrub)
         public = create_public_app(
-            self.elector, self.registry, self.election_alive, limits, self.scrub
+            self.leases, self.registry, self.election_alive, limits, self.scrub
         )
         self.api_thread = ApiThread()
         for name, app, where in (
@@ -152,7 +192,8 @@ class Sidecar:
             self.listeners.append(listener)
             self.addresses[name] = await self.api_thread.run(listener.start())
             log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
-        self._election = asyncio.create_task(self.elector.run(), name="election")
+        await self.leases.prime(self.config.timing.request_timeout)
+        self._election = asyncio.create_task(self.leases.run(), name="election")
         self._spawn(self.actions.run(), "demotion-actions")
 
     async def wait(self) -> None:
@@ -165,7 +206,7 @@ class Sidecar:
         deadline = loop.time() + SHUTDOWN_BUDGET
         election = self._election
         log(logger, "info", "stopping", lease=self.config.lease_ref)
-        self.elector.stop()
+        self.leases.stop()
         if election is not None:
             crashed = election.done() and not election.cancelled() and election.exception()
             if crashed:
@@ -180,9 +221,9 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 if election.done():
                     await election
-        released = await self.elector.release(
+        released = await self.leases.shutdown(
             "shutdown",
-            timeout=max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
+            max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
         )
         await self.actions.drain(max(0.05, deadline - loop.time() - 0.3))
         background = list(self._background)
@@ -197,5 +238,9 @@ class Sidecar:
                     )
         if self.api_thread is not None:
             self.api_thread.close()
-        await self.store.close()
+        for elector in self.leases.electors.values():
+            with contextlib.suppress(Exception):
+                await elector.store.close()
+        if self.client is not None:
+            await self.client.close()
         log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)

@@ -132,6 +132,45 @@ def parse_name(text: str) -> str:
     return text
 
 
+MAX_LEASES = 10_000  # per sidecar, shards included: bounded memory whatever the flags say
+
+
+def parse_lease_list(text: str) -> tuple[str, ...]:
+    """``jobs`` or ``jobs,billing``: one or more lease names, each a DNS name, no repeats."""
+    names = tuple(part.strip() for part in text.split(",", MAX_LEASES))
+    if len(names) > MAX_LEASES:
+        raise ValueError(f"at most {MAX_LEASES} leases")
+    for name in names:
+        try:
+            parse_name(name)
+        except ValueError as exc:
+            raise ValueError(f"each comma-separated name {exc}") from None
+    if len(set(names)) != len(names):
+        raise ValueError("names a lease twice; list each lease once")
+    return names
+
+
+def parse_shards(text: str) -> int:
+    count = parse_positive_count(text)
+    if count > MAX_LEASES:
+        raise ValueError(f"must be from 1 to {MAX_LEASES}")
+    return count
+
+
+def parse_priority(text: str) -> int:
+    value = text.strip()
+    digits = value.removeprefix("-")
+    if not (0 < len(digits) <= 9 and digits.isascii() and digits.isdigit()):
+        raise ValueError("must be a whole number such as 0, 10 or -5 (at most 9 digits)")
+    return int(value)
+
+
+def parse_revision(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{0,63}", text):
+        raise ValueError("must be at most 63 characters from A-Z a-z 0-9 . _ -")
+    return text
+
+
 def parse_identity(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,190}", text):
         raise ValueError("must be 1-191 characters from A-Z a-z 0-9 - _ . starting alphanumeric")
@@ -231,7 +270,47 @@ OPTIONS: tuple[Option, ...] = (
         "sqlite:///./leader-sidecar.db)",
         "URL",
     ),
-    Option("--lease", parse_name, "lease name (required in a cluster; default 'default')", "NAME"),
+    Option(
+        "--lease",
+        parse_lease_list,
+        "lease name, or several separated by commas (required in a cluster; default 'default')",
+        "NAME[,NAME…]",
+    ),
+    Option(
+        "--shards",
+        parse_shards,
+        "split each lease into N shards: --lease jobs --shards 16 runs jobs-0 … jobs-15 "
+        "(default: no shards)",
+        "N",
+    ),
+    Option(
+        "--group",
+        parse_name,
+        "the candidates that share these leases, balanced among themselves "
+        "(default: the first --lease name)",
+        "NAME",
+    ),
+    Option(
+        "--priority",
+        parse_priority,
+        "preference as a successor when a leader hands over (transfer, shutdown): higher wins "
+        "(default 0)",
+        "N",
+    ),
+    Option(
+        "--revision",
+        parse_revision,
+        "this replica's revision; on shutdown a leader prefers a replica of another revision "
+        "(the newer one in a rolling update). The chart passes the pod-template-hash label",
+        "REV",
+    ),
+    Option(
+        "--transfer-timeout",
+        parse_duration,
+        "how long the others stand back for the successor a leader named (default: the "
+        "request timeout)",
+        "DURATION",
+    ),
     Option(
         "--namespace",
         parse_name,
@@ -446,6 +525,7 @@ def _fmt(seconds: float) -> str:
 class Config:
     store: str
     lease: str
+    """The first lease (the only one, unless several are configured)."""
     namespace: str
     identity: str
     timing: Timing
@@ -469,11 +549,37 @@ class Config:
     redis_key_file: str | None = None
     redis_min_replicas: int = 0
     redis_sentinel_password: str | None = dataclasses.field(default=None, repr=False)
+    leases: tuple[str, ...] = ()
+    """Every lease this sidecar competes for, shards expanded; () means just ``lease``."""
+    group: str = ""
+    """The candidates' group (default: the first configured lease name)."""
+    priority: int = 0
+    revision: str = ""
+    transfer_timeout: float | None = None
+    """None: the request timeout."""
+
+    @property
+    def lease_names(self) -> tuple[str, ...]:
+        return self.leases or (self.lease,)
+
+    @property
+    def candidate_group(self) -> str:
+        return self.group or self.lease
+
+    @property
+    def stand_back(self) -> float:
+        """How long the others leave a named successor to take a released lease."""
+        if self.transfer_timeout is not None:
+            return self.transfer_timeout
+        return self.timing.request_timeout
+
+    def ref(self, lease: str) -> str:
+        """A lease as users name it: ``namespace/name`` on Kubernetes, else the name."""
+        return f"{self.namespace}/{lease}" if self.store == "kubernetes" else lease
 
     @property
     def lease_ref(self) -> str:
-        """The lease as users name it: ``namespace/name`` on Kubernetes, else the name."""
-        return f"{self.namespace}/{self.lease}" if self.store == "kubernetes" else self.lease
+        return self.ref(self.lease)
 
     @property
     def store_scheme(self) -> str:
@@ -543,7 +649,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     store = values.get("store") or ("kubernetes" if cluster else "sqlite:///./leader-sidecar.db")
     if store == "sqlite:///./leader-sidecar.db":
         parse_store(store)  # the default path must be writable too
-    lease = values.get("lease")
+    listed = values.get("lease")
+    lease = listed[0] if listed else None
     if lease is None:
         if store == "kubernetes":
             raise ConfigError(
@@ -553,6 +660,25 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 "the Lease object, e.g. --lease my-app",
             )
         lease = "default"
+    group = values.get("group") or lease
+    shards = values.get("shards")
+    names = listed or (lease,)
+    if shards is not None:
+        names = tuple(f"{name}-{i}" for name in names for i in range(shards))
+        if len(names) > MAX_LEASES:
+            raise ConfigError(
+                "--shards", shards, f"gives {len(names)} leases; at most {MAX_LEASES} in all"
+            )
+        for name in names:
+            try:
+                parse_name(name)
+            except ValueError as exc:
+                raise ConfigError(
+                    "--shards", shards, f"makes the lease name {name} that {exc}"
+                ) from None
+        lease = names[0]
+    if len(set(names)) != len(names):
+        raise ConfigError("--lease", ",".join(listed or ()), "repeats a lease once shards expand")
 
     timing = Timing.build(
         values.get("lease_duration", 15.0),
@@ -614,6 +740,11 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         redis_key_file=values.get("redis_key_file"),
         redis_min_replicas=values.get("redis_min_replicas", 0),
         redis_sentinel_password=values.get("redis_sentinel_password"),
+        leases=names if len(names) > 1 else (),
+        group=group,
+        priority=values.get("priority", 0),
+        revision=values.get("revision", ""),
+        transfer_timeout=values.get("transfer_timeout"),
     )
 
 

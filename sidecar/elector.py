@@ -43,10 +43,18 @@ from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
 from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
-from sidecar.observed import LeaseView
+from sidecar.observed import Attempt, LeaseView
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) -> T:
+    """Await ``work`` on ``loop`` (the election's), from whichever loop is running."""
+    if loop is None or loop is asyncio.get_running_loop():
+        return await work
+    future = asyncio.run_coroutine_threadsafe(work, loop)  # type: ignore[arg-type]
+    return await asyncio.wrap_future(future)
 
 
 class Role(enum.Enum):
@@ -118,6 +126,8 @@ class Elector:
         metrics: Metrics,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
+        stand_back: float = 0.0,
+        gate: Callable[[Attempt], bool] | None = None,
     ) -> None:
         self.store = store
         self.timing = timing
@@ -131,7 +141,11 @@ class Elector:
         self._term = 0  # term of our own grant while leading
         self._valid_until = float("-inf")
         self._last_renewal_sent = float("-inf")
-        self._view = LeaseView(identity, timing.lease_duration)  # rules 2, 5 and 8
+        self._view = LeaseView(identity, timing.lease_duration, stand_back)  # rules 2, 5 and 8
+        # Whether this replica may take one more lease now (the balancer's share, issue 11).
+        # Asked only for a lease that is free or expired; never for our own or one handed to
+        # us. Liveness only: a refusal delays an attempt, it never grants anything.
+        self._gate = gate
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
@@ -231,14 +245,17 @@ class Elector:
         from ``status().valid_for`` themselves."""
         self._change_listeners.append(listener)
 
-    async def release_from_any_loop(self, reason: str = "released") -> bool:
+    async def release_from_any_loop(
+        self, reason: str = "released", successor: str | None = None
+    ) -> bool:
         """`release`, callable from another thread's event loop (the API's): it runs on the
         election's own loop, where every store call of this elector runs."""
-        loop = self._loop
-        if loop is None or loop is asyncio.get_running_loop():
-            return await self.release(reason)
-        future = asyncio.run_coroutine_threadsafe(self.release(reason), loop)
-        return await asyncio.wrap_future(future)
+        return await on_loop(self._loop, self.release(reason, successor=successor))
+
+    def poke(self) -> None:
+        """Try again now if following (the balancer's share grew, a candidate appeared)."""
+        if self._role is not Role.LEADER and not self._stopping:
+            self._ask_for_attempt(self._clock.now())
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -350,11 +367,16 @@ class Elector:
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
-        if sent < self._hold_off_until:
-            return self._hold_off_until - sent
         attempt = self._view.next_attempt(sent)
+        if sent < self._hold_off_until and attempt.why != "handed":
+            # Rule 7: after a voluntary release, stand back for one lease — unless the lease
+            # was handed to us by name since (a transfer back).
+            return self._hold_off_until - sent
         if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
             return attempt.at - sent
+        gated = self._gate is not None and attempt.why not in ("own", "handed")
+        if gated and not self._gate(attempt):  # type: ignore[misc]
+            return self.timing.renew_interval  # over our share: the balancer pokes us
         try:
             record = await self._call(
                 "acquire",
@@ -404,10 +426,13 @@ class Elector:
         self._become_leader(record, sent)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
-    async def release(self, reason: str = "released", timeout: float | None = None) -> bool:
+    async def release(
+        self, reason: str = "released", timeout: float | None = None, successor: str | None = None
+    ) -> bool:
         """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
         start), then release the lease at the store, conditional on holder and term, so a
-        follower can take over within one round trip (rule 7). False if not leading."""
+        follower can take over within one round trip (rule 7); naming ``successor`` makes the
+        others stand back briefly so that one takes it. False if not leading."""
         budget = self.timing.request_timeout if timeout is None else timeout
         try:
             # A step in flight holds the lock for at most one request: never wait longer.
@@ -418,11 +443,11 @@ class Elector:
             self._demote(reason)
             return leading
         try:
-            return await self._release_locked(reason, budget)
+            return await self._release_locked(reason, budget, successor)
         finally:
             self._lock.release()
 
-    async def _release_locked(self, reason: str, budget: float) -> bool:
+    async def _release_locked(self, reason: str, budget: float, successor: str | None) -> bool:
         if self._role is not Role.LEADER:
             return False
         term = self._term
@@ -433,7 +458,13 @@ class Elector:
             self._next_attempt = max(self._next_attempt, self._hold_off_until)
         try:
             record = await self._call(
-                "release", lambda: self.store.release(self.identity, term), budget
+                "release",
+                lambda: (
+                    self.store.release(self.identity, term, successor=successor)
+                    if successor is not None
+                    else self.store.release(self.identity, term)
+                ),
+                budget,
             )
             self._observe(record)
         except NotOwned as gone:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -35,58 +36,52 @@ def gap_buckets(lease_duration: float) -> list[float]:
     return [float(lease * n / d) for n, d in GAP_FRACTIONS]
 
 
-class Metrics:
-    """Every metric the sidecar exports; each carries the ``lease`` label (bounded: one
-    lease per sidecar)."""
+class _Families:
+    """The metric families of one registry, shared by every lease's `Metrics`."""
 
-    def __init__(self, registry: CollectorRegistry, lease: str, lease_duration: float) -> None:
-        self.registry = registry
-        self.lease = lease
-        label = {"lease": lease}
-
+    def __init__(self, registry: CollectorRegistry, lease_duration: float) -> None:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(PREFIX + name, doc, ["lease"], registry=registry)
 
-        self.is_leader = gauge("is_leader", "1 while this replica is the leader").labels(**label)
-        self.term = gauge("term", "Term (fencing token) held or last observed").labels(**label)
-        duration = gauge("lease_duration_seconds", "Configured lease duration").labels(**label)
-        duration.set(lease_duration)
+        self.is_leader = gauge("is_leader", "1 while this replica is the leader")
+        self.term = gauge("term", "Term (fencing token) held or last observed")
+        self.duration = gauge("lease_duration_seconds", "Configured lease duration")
         self.renewal_gap = Histogram(
             PREFIX + "renewal_gap_seconds",
             "Time between the sends of consecutive successful renewals (or acquire → renewal)",
             ["lease"],
             buckets=gap_buckets(lease_duration),
             registry=registry,
-        ).labels(**label)
+        )
         self.seconds_since_renewal = gauge(
             "seconds_since_renewal",
             "While leading: seconds since the last successful renewal was sent; 0 otherwise",
-        ).labels(**label)
+        )
         self.gap_over_half_lease = Counter(
             PREFIX + "renewal_gap_over_half_lease",
             "Renewal gaps (finished or still growing) longer than half the lease",
             ["lease"],
             registry=registry,
-        ).labels(**label)
-        self._transitions = Counter(
+        )
+        self.transitions = Counter(
             PREFIX + "transitions",
             "Role changes of this replica",
             ["lease", "role"],
             registry=registry,
         )
-        self._demotions = Counter(
+        self.demotions = Counter(
             PREFIX + "demotions",
             "Times this replica stopped leading, by reason",
             ["lease", "reason"],
             registry=registry,
         )
-        self._store_requests = Counter(
+        self.store_requests = Counter(
             PREFIX + "store_requests",
             "Requests to the lease store by operation and outcome",
             ["lease", "op", "outcome"],
             registry=registry,
         )
-        self._store_duration = Histogram(
+        self.store_duration = Histogram(
             PREFIX + "store_request_duration_seconds",
             "Latency of lease store requests",
             ["lease", "op"],
@@ -99,7 +94,37 @@ class Metrics:
             "1 if this replica is the leader of the lease 'name' (client-go compatible)",
             ["name"],
             registry=registry,
-        ).labels(name=lease)
+        )
+
+
+# One set of families per registry: every lease of a sidecar adds its children to the same
+# families (a family registered twice is an error in prometheus_client).
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+
+
+class Metrics:
+    """Every metric the sidecar exports for one lease; each carries the ``lease`` label
+    (bounded: by the leases configured, see `sidecar.config.MAX_LEASES`)."""
+
+    def __init__(self, registry: CollectorRegistry, lease: str, lease_duration: float) -> None:
+        self.registry = registry
+        self.lease = lease
+        families = _FAMILIES.get(registry)
+        if families is None:
+            families = _FAMILIES[registry] = _Families(registry, lease_duration)
+        self._families = families
+        label = {"lease": lease}
+        self.is_leader = families.is_leader.labels(**label)
+        self.term = families.term.labels(**label)
+        families.duration.labels(**label).set(lease_duration)
+        self.renewal_gap = families.renewal_gap.labels(**label)
+        self.seconds_since_renewal = families.seconds_since_renewal.labels(**label)
+        self.gap_over_half_lease = families.gap_over_half_lease.labels(**label)
+        self._transitions = families.transitions
+        self._demotions = families.demotions
+        self._store_requests = families.store_requests
+        self._store_duration = families.store_duration
+        self.master_status = families.master_status.labels(name=lease)
         for role in ROLES:  # export zeros so rate() works from the first scrape
             self._transitions.labels(lease, role)
         for reason in DEMOTION_REASONS:

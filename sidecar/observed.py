@@ -6,7 +6,9 @@ This is the one place where expiry is decided, the same way for every store:
   replica has seen the *same version* unchanged for the record's lease duration on its own
   monotonic clock. A store's TTLs and timestamps are never read. Every version is new on every
   write, so "unchanged" means "nobody wrote in between"; a new version restarts the count.
-* **Free at once:** a record an explicit release wrote; a store that holds nothing at all and
+* **Free at once:** a record an explicit release wrote (when it names a successor, the others
+  stand back ``stand_back`` seconds from when they saw it, so the named replica wins the race;
+  a preference for liveness, never a condition of safety); a store that holds nothing at all and
   never showed this replica a term (a new lease); and a record that names *this* replica as
   holder while it is not leading (a late renewal the store applied after the deadline): taking
   that one back under a new term cannot make two leaders.
@@ -50,7 +52,7 @@ class Attempt:
     """The floor for the new term: the grant gets ``max(stored term, min_term) + 1``."""
 
     why: str
-    """new | released | own | expired | lost — for logs and tests."""
+    """new | released | handed | own | expired | lost — for logs and tests."""
 
 
 class LeaseView:
@@ -58,9 +60,10 @@ class LeaseView:
     own — every observation carries the monotonic time at which its answer *arrived* (never
     the time the request was sent: the record may have been written after that)."""
 
-    def __init__(self, identity: str, lease_duration: float) -> None:
+    def __init__(self, identity: str, lease_duration: float, stand_back: float = 0.0) -> None:
         self.identity = identity
         self.lease_duration = lease_duration
+        self.stand_back = stand_back  # how long to leave a released lease to its successor
         self.record: LeaseRecord | None = None
         self.seen_anything = False
         self.high_water = 0  # the highest term ever seen (rule 5)
@@ -131,6 +134,11 @@ class LeaseView:
         if record.holder == self.identity:
             return Attempt(now, record.version, self.high_water, "own")
         if record.free:
+            if record.successor == self.identity:
+                return Attempt(now, record.version, self.high_water, "handed")
+            if record.successor is not None:
+                at = self._since + self.stand_back
+                return Attempt(max(now, at), record.version, self.high_water, "released")
             return Attempt(now, record.version, self.high_water, "released")
         # Someone else's, or a holder the store lost track of (no holder, not released).
         duration = record.duration if record.holder is not None else self._longest

@@ -22,8 +22,9 @@ information for humans; they never grant.
 * ``release`` frees the caller's grant (keeping the term) while ``holder`` and ``term`` are
   still the caller's, and marks the record *released*: free at once for everyone; otherwise
   it changes nothing and raises `NotOwned` (rule 1).
-  ``release`` may name a ``successor`` identity: the released record carries it, so the others stand back briefly and the named replica takes over (a transfer). The
-  successor is a preference for liveness only; the record is free for everyone (rule 2).
+  ``release`` may name a ``successor`` identity: the released record carries it, so the others
+  stand back briefly and the named replica takes over (a transfer). The successor is a
+  preference for liveness only; the record is free for everyone (rule 2).
 * Every version is new on every write and never comes back (a random token, or Kubernetes'
   resourceVersion), so "the same version" means "nothing was written in between".
 

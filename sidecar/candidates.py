@@ -1,0 +1,162 @@
+"""Who is alive to take leases: this replica's own candidate record, kept fresh, and what it
+has observed of the others' (issue 11: balance, transfer, rolling updates).
+
+Liveness is observed exactly like a lease (rule 2): another candidate counts as alive until
+this replica has seen its record's *version* unchanged for a lease on its own monotonic clock.
+A record marked ``leaving`` (a replica shutting down) is never handed a lease. None of this is
+a safety rule: a wrong view moves a lease more or less often, it never grants one — grants stay
+conditional at the store and expiry stays observed per lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from sidecar.backends.base import Candidate, CandidateRegistry, StoreError
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.logs import Throttle, log
+
+logger = logging.getLogger("sidecar.candidates")
+
+
+@dataclasses.dataclass
+class _Seen:
+    record: Candidate
+    since: float  # when this version was first seen (monotonic)
+
+
+class CandidateView:
+    """What this replica has seen of the candidate records. Pure bookkeeping, no I/O."""
+
+    def __init__(self, me: Candidate, lease_duration: float) -> None:
+        self.me = me
+        self.lease_duration = lease_duration
+        self._seen: dict[str, _Seen] = {}
+        self.listed = False  # the registry answered at least once
+
+    def observe(self, records: list[Candidate], at: float) -> None:
+        self.listed = True
+        current = {record.identity: record for record in records}
+        for identity in list(self._seen):
+            if identity not in current:
+                del self._seen[identity]  # left, or garbage-collected
+        for identity, record in current.items():
+            seen = self._seen.get(identity)
+            if seen is None or seen.record.version != record.version:
+                self._seen[identity] = _Seen(record, at)
+            else:
+                seen.record = record
+
+    def live(self, now: float) -> list[Candidate]:
+        """Every candidate alive as observed, this replica included (unless it is leaving),
+        sorted by identity so that every replica plans over the same order."""
+        alive = {
+            identity: seen.record
+            for identity, seen in self._seen.items()
+            if now - seen.since < self.lease_duration and not seen.record.leaving
+        }
+        alive.pop(self.me.identity, None)
+        if not self.me.leaving:
+            alive[self.me.identity] = self.me
+        return [alive[identity] for identity in sorted(alive)]
+
+    def all(self) -> list[Candidate]:
+        return [seen.record for _, seen in sorted(self._seen.items())]
+
+
+def successor_order(me: Candidate) -> Callable[[Candidate], tuple[int, int, datetime, str]]:
+    """Sort key, best successor last: higher ``--priority`` first; then a replica of another
+    revision than ours (in a rolling update the terminating replica is the old revision, so
+    the others' revision is the new one); then the most recently started; then identity."""
+    floor = datetime.min.replace(tzinfo=None)
+
+    def key(candidate: Candidate) -> tuple[int, int, datetime, str]:
+        other_revision = bool(candidate.revision) and candidate.revision != me.revision
+        started = candidate.started_at.replace(tzinfo=None) if candidate.started_at else floor
+        return (candidate.priority, int(other_revision), started, candidate.identity)
+
+    return key
+
+
+class CandidateBeat:
+    """Writes this replica's candidate record every renew interval and reads everyone's.
+    Store errors are logged (throttled) and retried; they never touch leadership."""
+
+    def __init__(
+        self,
+        registry: CandidateRegistry,
+        view: CandidateView,
+        lease_duration: float,
+        interval: float,
+        request_timeout: float,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.registry = registry
+        self.view = view
+        self.lease_duration = lease_duration
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self._clock = clock
+        self._on_change = on_change
+        self._throttle = Throttle()
+        self._wake = asyncio.Event()
+
+    async def once(self) -> bool:
+        """One beat and one listing. True when both answered."""
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self.registry.beat(self.view.me, self.lease_duration)
+            async with asyncio.timeout(self.request_timeout):
+                records = await self.registry.list()
+        except (StoreError, TimeoutError) as exc:
+            if self._throttle.allow():
+                log(
+                    logger,
+                    "warning",
+                    "could not refresh the candidate records; leases stay as they are",
+                    error=str(exc) or type(exc).__name__,
+                    suppressed=self._throttle.take_suppressed(),
+                )
+            return False
+        before = [c.identity for c in self.view.live(self._clock.now())]
+        self.view.observe(records, self._clock.now())
+        after = [c.identity for c in self.view.live(self._clock.now())]
+        if before != after:
+            log(logger, "info", "candidates changed", live=len(after), candidates=after)
+        self._on_change()
+        return True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.once()
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def leave(self, timeout: float) -> None:
+        """Mark this replica as leaving (nobody hands it a lease), then remove its record."""
+        self.view.me = dataclasses.replace(self.view.me, leaving=True)
+        try:
+            async with asyncio.timeout(max(0.01, timeout)):
+                await self.registry.beat(self.view.me, self.lease_duration)
+        except (StoreError, TimeoutError):
+            pass
+
+    async def remove(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(max(0.01, timeout)):
+                await self.registry.leave(self.view.me.identity)
+        except (StoreError, TimeoutError):
+            pass

@@ -1,0 +1,343 @@
+"""Every lease one sidecar competes for: one elector per lease over one shared store client,
+the candidate records, and the balancer that spreads the leases over the live replicas.
+
+Each lease keeps its own term, deadline, renewal and fencing, exactly as a single lease does:
+the safety rules live in `sidecar.elector` and `sidecar.observed`, untouched by anything here.
+This module only decides *which* replica should try for a free lease (its share) and when a
+leader hands a lease over on purpose (balance, transfer, shutdown): every such move is a
+release naming the successor, then a grant with a new term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from sidecar.backends.base import Candidate, StoreClient
+from sidecar.balance import Move, plan, share
+from sidecar.candidates import CandidateBeat, CandidateView, successor_order
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.config import Timing
+from sidecar.elector import Elector, LeaderStatus, on_loop
+from sidecar.logs import log
+from sidecar.metrics import Metrics
+from sidecar.observed import Attempt
+
+logger = logging.getLogger("sidecar.leases")
+
+HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move together
+
+
+class TransferRefused(Exception):
+    """The transfer cannot start; ``str()`` says why and what to do."""
+
+
+class LeaseSet:
+    """Construct, then `prime` (one candidate beat), then `run` until `stop`."""
+
+    def __init__(
+        self,
+        electors: dict[str, Elector],
+        *,
+        client: StoreClient | None = None,
+        beat: CandidateBeat | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.electors = electors
+        self.client = client
+        self.beat = beat
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rebalance = asyncio.Event()
+        self._stopping = False
+
+    @classmethod
+    def single(cls, elector: Elector) -> LeaseSet:
+        """One elector and no candidates (tests, and embedding one `Elector`)."""
+        return cls({elector.lease: elector})
+
+    @classmethod
+    def open(
+        cls,
+        client: StoreClient,
+        names: Iterable[tuple[str, str]],
+        timing: Timing,
+        identity: str,
+        *,
+        group: str,
+        registry_metrics: Callable[[str], Metrics],
+        revision: str = "",
+        priority: int = 0,
+        stand_back: float = 0.0,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+    ) -> LeaseSet:
+        """``names``: (store name, name users see — ``namespace/name`` on Kubernetes)."""
+        me = Candidate(identity, "", revision, priority, False, clock.wall())
+        view = CandidateView(me, timing.lease_duration)
+        electors: dict[str, Elector] = {}
+        lease_set = cls(electors, client=client, clock=clock)
+        for name, shown in names:
+            electors[shown] = Elector(
+                client.lease(name),
+                timing,
+                identity,
+                shown,
+                metrics=registry_metrics(shown),
+                clock=clock,
+                rng=rng,
+                stand_back=stand_back,
+                gate=lease_set._gate,
+            )
+        lease_set.beat = CandidateBeat(
+            client.candidates(group),
+            view,
+            timing.lease_duration,
+            timing.renew_interval,
+            timing.request_timeout,
+            clock=clock,
+            on_change=lease_set._candidates_changed,
+        )
+        return lease_set
+
+    # -- what the API reads ---------------------------------------------------------------
+
+    @property
+    def primary(self) -> Elector:
+        return next(iter(self.electors.values()))
+
+    @property
+    def identity(self) -> str:
+        return self.primary.identity
+
+    def get(self, lease: str) -> Elector | None:
+        return self.electors.get(lease)
+
+    def statuses(self) -> list[LeaderStatus]:
+        return [elector.status() for elector in self.electors.values()]
+
+    def held(self) -> list[str]:
+        return [name for name, elector in self.electors.items() if elector.is_leader()]
+
+    def candidates(self) -> list[dict[str, object]]:
+        """The candidates as observed, for ``GET /leases`` and ``status``."""
+        if self.beat is None:
+            return []
+        now = self._clock.now()
+        live = {c.identity for c in self.beat.view.live(now)}
+        return [
+            {
+                "identity": c.identity,
+                "live": c.identity in live,
+                "revision": c.revision or None,
+                "priority": c.priority,
+                "leaving": c.leaving,
+            }
+            for c in self.beat.view.all()
+        ]
+
+    # -- running --------------------------------------------------------------------------
+
+    async def prime(self, timeout: float) -> None:
+        """One candidate beat before any elector runs, so that the first shares count the
+        replicas already there (fewer hand-overs at start-up)."""
+        if self.beat is not None and len(self.electors) > 1:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.beat.once()
+
+    async def run(self) -> None:
+        """Every elector, the candidate beat and the balancer; returns when stopped, raises
+        if an elector's loop fails."""
+        self._loop = asyncio.get_running_loop()
+        tasks = [
+            asyncio.create_task(elector.run(), name=f"election {name}")
+            for name, elector in self.electors.items()
+        ]
+        helpers = []
+        if self.beat is not None:
+            helpers.append(asyncio.create_task(self.beat.run(), name="candidates"))
+            if len(self.electors) > 1:
+                helpers.append(asyncio.create_task(self._balance(), name="balance"))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in [*tasks, *helpers]:
+                task.cancel()
+            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+
+    def stop(self) -> None:
+        self._stopping = True
+        for elector in self.electors.values():
+            elector.stop()
+
+    # -- shares and balance ---------------------------------------------------------------
+
+    def _live(self) -> list[Candidate]:
+        if self.beat is None or not self.beat.view.listed:
+            return []
+        return self.beat.view.live(self._clock.now())
+
+    def _gate(self, attempt: Attempt) -> bool:
+        """May this replica take one more (free or expired) lease now? Within its share of
+        the live replicas; everyone may while the candidates are unknown."""
+        if len(self.electors) == 1:
+            return True
+        live = self._live()
+        if not live:
+            return True
+        return len(self.held()) < share(len(self.electors), len(live))
+
+    def holders(self) -> dict[str, str | None]:
+        """Lease → holder as observed now; None when free or expired here."""
+        now = self._clock.now()
+        holders: dict[str, str | None] = {}
+        for name, elector in self.electors.items():
+            if elector.is_leader():
+                holders[name] = elector.identity
+                continue
+            record = elector.view.record
+            expired = elector.view.expires_in(now) <= 0
+            holders[name] = None if record is None or expired else record.holder
+        return holders
+
+    def _candidates_changed(self) -> None:
+        self._rebalance.set()
+        for elector in self.electors.values():
+            elector.poke()  # a share may have grown
+
+    async def _balance(self) -> None:
+        while not self._stopping:
+            await self._rebalance.wait()
+            self._rebalance.clear()
+            live = [c.identity for c in self._live()]
+            moves = [m for m in plan(self.holders(), live) if m.giver == self.identity]
+            if moves:
+                log(
+                    logger,
+                    "info",
+                    "handing leases over to balance the replicas",
+                    moves=len(moves),
+                    live_replicas=len(live),
+                    leases=len(self.electors),
+                    share=share(len(self.electors), len(live)),
+                )
+                await self._hand_over(moves, "balance")
+
+    async def _hand_over(self, moves: list[Move], why: str) -> int:
+        limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
+
+        async def one(move: Move) -> bool:
+            async with limit:
+                elector = self.electors[move.lease]
+                log(
+                    logger,
+                    "info",
+                    "handing the lease over",
+                    lease=move.lease,
+                    to=move.receiver,
+                    why=why,
+                )
+                return await elector.release("released", successor=move.receiver)
+
+        results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
+        return sum(1 for r in results if r is True)
+
+    # -- moved on purpose -----------------------------------------------------------------
+
+    def resolve(self, to: str) -> str | None:
+        """``any`` → the best live successor (None if nobody else is live); an identity, or
+        a unique prefix of one (a pod name) → that live candidate. Raises `TransferRefused`."""
+        others = [c for c in self._live() if c.identity != self.identity]
+        if to == "any":
+            if not others:
+                return None
+            me = self.beat.view.me if self.beat is not None else None
+            return max(others, key=successor_order(me)).identity if me else others[0].identity
+        matches = [c.identity for c in others if c.identity == to]
+        matches = matches or [c.identity for c in others if c.identity.startswith(to + "_")]
+        if len(matches) != 1:
+            names = ", ".join(c.identity for c in others) or "none"
+            what = "matches several" if matches else "is not a live candidate"
+            raise TransferRefused(f"{to} {what}; live candidates: {names}")
+        return matches[0]
+
+    async def transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
+        """Hand ``lease`` (None: every lease this replica holds) to ``to``: demote, then
+        release naming the successor. Returns (leases handed over, successor)."""
+        return await on_loop(self._loop, self._transfer(lease, to))
+
+    async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
+        if lease is not None and lease not in self.electors:
+            raise TransferRefused(f"this sidecar has no lease {lease}")
+        successor = self.resolve(to)
+        names = [lease] if lease is not None else self.held()
+        names = [name for name in names if self.electors[name].is_leader()]
+        if not names:
+            raise TransferRefused("this replica holds no lease to transfer")
+        moves = [Move(name, self.identity, successor or "") for name in names]
+        handed = []
+        for move in moves:
+            released = await self.electors[move.lease].release("released", successor=successor)
+            if released:
+                handed.append(move.lease)
+        log(logger, "info", "transferred", leases=handed, to=successor or "anyone")
+        return handed, successor
+
+    async def shutdown(self, reason: str, budget: float) -> bool:
+        """Leave: mark this replica leaving, hand every lease it holds to the best successor
+        (a replica of the newer revision in a rolling update), remove its record."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        if self.beat is not None:
+            await self.beat.leave(min(0.2, budget / 4))
+        successors = self._successors(self.held())
+        limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
+
+        async def one(name: str) -> bool:
+            async with limit:
+                remaining = max(0.05, deadline - loop.time() - 0.1)
+                return await self.electors[name].release(
+                    reason, timeout=remaining, successor=successors.get(name)
+                )
+
+        results = await asyncio.gather(
+            *(one(name) for name in self.electors), return_exceptions=True
+        )
+        if self.beat is not None:
+            await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
+        return any(r is True for r in results)
+
+    def _successors(self, leases: list[str]) -> dict[str, str]:
+        """Per lease, the best live successor: higher priority, then another revision (the
+        new one in a rolling update), then the least loaded, then the newest."""
+        if self.beat is None:
+            return {}
+        me = self.beat.view.me
+        others = [c for c in self._live() if c.identity != self.identity and not c.leaving]
+        if not others:
+            return {}
+        holders = self.holders()
+        load = {c.identity: 0 for c in others}
+        for holder in holders.values():
+            if holder in load:
+                load[holder] += 1
+        order = successor_order(me)
+        chosen: dict[str, str] = {}
+        for lease in leases:
+
+            def key(c: Candidate) -> tuple[int, int, int, datetime, str]:
+                priority, other_revision, started, identity = order(c)
+                return (priority, other_revision, -load[c.identity], started, identity)
+
+            best = max(others, key=key)
+            chosen[lease] = best.identity
+            load[best.identity] += 1
+        return chosen

@@ -1,0 +1,204 @@
+"""Many leases per sidecar on the in-memory store, in real (short) time: balance, a dead
+replica's shards, transfer, and the rolling-update preference — each with an observer that
+checks, every few milliseconds, that no lease has two leaders and no term is granted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.backends.memory import MemoryServer, MemoryStoreClient
+from sidecar.config import Timing
+from sidecar.lease_set import LeaseSet, TransferRefused
+from sidecar.metrics import Metrics
+
+TIMING = Timing.build(1.0, 0.2, 0.2, 0.1)
+
+
+class Cluster:
+    def __init__(self, leases: int) -> None:
+        self.server = MemoryServer()
+        self.names = [f"jobs-{i}" for i in range(leases)]
+        self.sets: dict[str, LeaseSet] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.violations: list[str] = []
+        self.grants: dict[tuple[str, int], str] = {}  # (lease, term) -> identity
+        self.changes = 0  # leader changes seen by the observer, over every lease
+        self._leaders: dict[str, str | None] = {}
+        self._observer: asyncio.Task[None] | None = None
+
+    async def start(self, name: str, *, revision: str = "", priority: int = 0) -> LeaseSet:
+        registry = CollectorRegistry()
+        lease_set = LeaseSet.open(
+            MemoryStoreClient(self.server),
+            [(n, n) for n in self.names],
+            TIMING,
+            f"{name}_0000",
+            group="jobs",
+            registry_metrics=lambda lease: Metrics(registry, lease, TIMING.lease_duration),
+            revision=revision,
+            priority=priority,
+            stand_back=0.3,
+        )
+        await lease_set.prime(0.1)
+        self.sets[name] = lease_set
+        self.tasks[name] = asyncio.create_task(lease_set.run())
+        if self._observer is None:
+            self._observer = asyncio.create_task(self._observe())
+        return lease_set
+
+    async def crash(self, name: str) -> None:
+        """Stop every loop without releasing anything: a SIGKILL."""
+        lease_set = self.sets.pop(name)
+        lease_set.stop()
+        task = self.tasks.pop(name)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._crashed = [*getattr(self, "_crashed", []), lease_set]
+
+    async def stop(self, name: str) -> None:
+        """SIGTERM: hand over, then stop."""
+        lease_set = self.sets[name]
+        lease_set.stop()
+        await asyncio.gather(self.tasks[name], return_exceptions=True)
+        await lease_set.shutdown("shutdown", 0.5)
+        del self.sets[name], self.tasks[name]
+
+    def held(self) -> dict[str, int]:
+        return {name: len(s.held()) for name, s in self.sets.items()}
+
+    async def _observe(self) -> None:
+        every = [*self.sets.values()]
+        while True:
+            every = list(
+                {
+                    id(s): s for s in [*every, *self.sets.values(), *getattr(self, "_crashed", [])]
+                }.values()
+            )
+            for lease in self.names:
+                leaders = [s for s in every if (e := s.get(lease)) and e.is_leader()]
+                if len(leaders) > 1:
+                    self.violations.append(f"{lease}: {[s.identity for s in leaders]}")
+                for s in leaders:
+                    term = s.get(lease).status().term  # type: ignore[union-attr]
+                    first = self.grants.setdefault((lease, term), s.identity)
+                    if first != s.identity:
+                        self.violations.append(f"{lease} term {term}: {first} and {s.identity}")
+                leader = leaders[0].identity if leaders else None
+                if leader is not None and self._leaders.get(lease) not in (None, leader):
+                    self.changes += 1
+                if leader is not None:
+                    self._leaders[lease] = leader
+            await asyncio.sleep(0.003)
+
+    async def until(self, condition, timeout: float, what: str) -> float:
+        started = time.monotonic()
+        while not condition():
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"{what} not within {timeout}s: {self.held()}")
+            await asyncio.sleep(0.01)
+        return time.monotonic() - started
+
+    async def close(self) -> None:
+        for name in list(self.sets):
+            await self.crash(name)
+        if self._observer is not None:
+            self._observer.cancel()
+            await asyncio.gather(self._observer, return_exceptions=True)
+
+
+@pytest.fixture
+async def cluster_of() -> AsyncIterator:
+    made: list[Cluster] = []
+
+    def make(leases: int) -> Cluster:
+        made.append(Cluster(leases))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        await cluster.close()
+
+
+async def test_twelve_leases_spread_over_three_replicas_and_then_stay_put(cluster_of) -> None:
+    cluster = cluster_of(12)
+    await cluster.start("a")
+    await cluster.until(lambda: cluster.held() == {"a": 12}, 3, "a alone holds all")
+    await cluster.start("b")
+    await cluster.start("c")
+    waited = await cluster.until(
+        lambda: sorted(cluster.held().values()) == [4, 4, 4], 4, "each replica holds 4"
+    )
+    assert waited < 10 * TIMING.renew_interval
+    changes = cluster.changes
+    await asyncio.sleep(6 * TIMING.renew_interval)  # nothing changed: nothing moves
+    assert cluster.changes == changes
+    assert sorted(cluster.held().values()) == [4, 4, 4]
+    assert cluster.violations == []
+
+
+async def test_a_new_replica_takes_its_share_and_never_more(cluster_of) -> None:
+    cluster = cluster_of(16)
+    for name in "abcd":
+        await cluster.start(name)
+    await cluster.until(lambda: sorted(cluster.held().values()) == [4] * 4, 4, "4 each")
+    await cluster.start("e")
+    await cluster.until(
+        lambda: sorted(cluster.held().values()) == [3, 3, 3, 3, 4], 4, "the new one has 3"
+    )
+    assert max(cluster.held().values()) <= 4
+    assert cluster.violations == []
+
+
+async def test_a_dead_replicas_leases_are_taken_within_about_a_lease(cluster_of) -> None:
+    cluster = cluster_of(9)
+    for name in "abc":
+        await cluster.start(name)
+    await cluster.until(lambda: sorted(cluster.held().values()) == [3, 3, 3], 4, "3 each")
+    await cluster.crash("c")
+    waited = await cluster.until(
+        lambda: sorted(cluster.held().values()) in ([4, 5], [5, 4]), 4, "c's leases taken"
+    )
+    assert waited < 2 * TIMING.lease_duration + 4 * TIMING.renew_interval
+    assert cluster.violations == []
+
+
+async def test_transfer_hands_the_lease_to_the_named_replica(cluster_of) -> None:
+    cluster = cluster_of(1)
+    a = await cluster.start("a")
+    await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
+    await cluster.start("b")
+    c = await cluster.start("c")
+    await cluster.until(lambda: len(a.candidates()) == 3, 2, "a sees three candidates")
+    term = a.primary.status().term
+    for _ in range(3):  # b never wins the race: the others stand back for the successor
+        leader = next(s for s in cluster.sets.values() if s.held())
+        target = "c" if leader is not c else "a"
+        handed, successor = await leader.transfer(None, target)  # a pod name works too
+        assert handed == ["jobs-0"]
+        assert successor == f"{target}_0000"
+        await cluster.until(lambda t=target: cluster.held()[t] == 1, 1, f"{target} leads")
+        assert cluster.held()["b"] == 0
+    assert cluster.sets[target].primary.status().term > term
+    with pytest.raises(TransferRefused, match="not a live candidate"):
+        await cluster.sets[target].transfer(None, "nobody")
+    assert cluster.violations == []
+
+
+async def test_shutdown_hands_the_lease_to_the_other_revision(cluster_of) -> None:
+    """A rolling update: the old leader's successor is a replica of the new revision."""
+    cluster = cluster_of(1)
+    await cluster.start("old-a", revision="v1")
+    await cluster.until(lambda: cluster.held() == {"old-a": 1}, 3, "old-a leads")
+    await cluster.start("old-b", revision="v1")
+    new = await cluster.start("new-a", revision="v2")
+    await cluster.until(lambda: len(new.candidates()) == 3, 2, "three candidates seen")
+    await asyncio.sleep(2 * TIMING.renew_interval)  # old-a sees them too
+    await cluster.stop("old-a")
+    await cluster.until(lambda: cluster.held().get("new-a") == 1, 1, "new-a leads")
+    assert cluster.held()["old-b"] == 0
+    assert cluster.violations == []
