@@ -1,4 +1,5 @@
-"""``leader-sidecar``: parse the configuration, run until SIGTERM/SIGINT, release, exit."""
+"""``leader-sidecar``: parse the configuration, run until SIGTERM/SIGINT, release, exit.
+``leader-sidecar status`` and ``leader-sidecar transfer`` are in `sidecar.commands`."""
 
 from __future__ import annotations
 
@@ -55,8 +56,14 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("status", "transfer"):
+        from sidecar import commands
+
+        run = commands.status_main if args[0] == "status" else commands.transfer_main
+        return run(args[1:])
     try:
-        config = load(argv)
+        config = load(args)
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -1,0 +1,212 @@
+"""``leader-sidecar status`` and ``leader-sidecar transfer``: the operator's commands.
+
+``status`` reads the store directly, with the same ``--store`` flags as the sidecar, and
+prints per lease the holder, term and age of the last renewal, and the candidates — the
+``patronictl list`` of this tool. Ages come from the store's wall-clock stamps: information for
+humans, never a grant. ``transfer`` asks the local sidecar to hand its lease(s) over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sidecar.backends.base import Candidate, LeaseRecord, StoreError
+from sidecar.config import Config, ConfigError, load
+from sidecar.release_guard import RELEASE_HEADER
+
+READ_CONCURRENCY = 32  # store reads in flight at once for a status of many leases
+
+
+def _age(stamp: datetime | None, now: datetime) -> float | None:
+    return None if stamp is None else round((now - stamp).total_seconds(), 3)
+
+
+def _state(record: LeaseRecord | None) -> str:
+    if record is None:
+        return "none"
+    if record.holder is not None:
+        return "held"
+    if record.released:
+        return f"released to {record.successor}" if record.successor else "released"
+    return "holder unknown"  # the store lost the holder: waited out like a held lease
+
+
+def lease_row(name: str, record: LeaseRecord | None, now: datetime) -> dict[str, Any]:
+    return {
+        "lease": name,
+        "holder": record.holder if record else None,
+        "term": record.term if record else None,
+        "state": _state(record),
+        "lease_duration_seconds": record.duration if record else None,
+        "seconds_since_renewal": _age(record.renewed_at, now) if record else None,
+    }
+
+
+def candidate_row(candidate: Candidate, now: datetime, lease: float) -> dict[str, Any]:
+    age = _age(candidate.beat_at, now)
+    return {
+        "identity": candidate.identity,
+        "revision": candidate.revision or None,
+        "priority": candidate.priority,
+        "leaving": candidate.leaving,
+        "seconds_since_beat": age,
+        # By the store's wall clock: a hint for humans; the sidecars judge liveness by versions.
+        "stale": age is None or age > lease,
+        "holds": 0,
+    }
+
+
+async def gather_status(config: Config) -> dict[str, Any]:
+    from sidecar.backends import open_client
+
+    client = open_client(config)
+    try:
+        limit = asyncio.Semaphore(READ_CONCURRENCY)
+        timeout = max(5.0, config.timing.request_timeout)
+
+        async def read(name: str) -> LeaseRecord | None:
+            async with limit, asyncio.timeout(timeout):
+                return await client.lease(name).read()
+
+        names = list(config.lease_names)
+        records = await asyncio.gather(*(read(name) for name in names))
+        async with asyncio.timeout(timeout):
+            candidates = await client.candidates(config.candidate_group).list()
+    finally:
+        await client.close()
+    now = datetime.now(UTC)
+    leases = [lease_row(config.ref(n), r, now) for n, r in zip(names, records, strict=True)]
+    rows = [candidate_row(c, now, config.timing.lease_duration) for c in candidates]
+    holds = {row["identity"]: row for row in rows}
+    for lease in leases:
+        if lease["holder"] in holds:
+            holds[lease["holder"]]["holds"] += 1
+    return {
+        "store": client.description,
+        "group": config.candidate_group,
+        "leases": leases,
+        "candidates": sorted(rows, key=lambda row: row["identity"]),
+    }
+
+
+def render_table(status: dict[str, Any]) -> str:
+    def table(header: list[str], rows: list[list[str]]) -> list[str]:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+        for row in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        return lines
+
+    def text(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    out = [f"store {status['store']}  group {status['group']}", ""]
+    out += table(
+        ["LEASE", "HOLDER", "TERM", "STATE", "RENEWED (s ago)"],
+        [
+            [
+                row["lease"],
+                text(row["holder"]),
+                text(row["term"]),
+                row["state"],
+                text(row["seconds_since_renewal"]),
+            ]
+            for row in status["leases"]
+        ],
+    )
+    out.append("")
+    if status["candidates"]:
+        out += table(
+            ["CANDIDATE", "HOLDS", "REVISION", "PRIORITY", "BEAT (s ago)", "NOTE"],
+            [
+                [
+                    c["identity"],
+                    str(c["holds"]),
+                    text(c["revision"]),
+                    str(c["priority"]),
+                    text(c["seconds_since_beat"]),
+                    "leaving" if c["leaving"] else ("stale" if c["stale"] else ""),
+                ]
+                for c in status["candidates"]
+            ],
+        )
+    else:
+        out.append("no candidates registered")
+    return "\n".join(out) + "\n"
+
+
+def _pop_option(argv: list[str], names: tuple[str, ...], default: str) -> str:
+    """Take ``-o json`` / ``--output=json`` out of ``argv`` (the rest are sidecar flags)."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+                del argv[i : i + 2]
+                return value
+            if arg.startswith(name + "="):
+                del argv[i]
+                return arg.split("=", 1)[1]
+    return default
+
+
+def status_main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    output = _pop_option(args, ("-o", "--output"), "table")
+    if output not in ("table", "json"):
+        print(f"leader-sidecar status: -o {output}: must be table or json", file=sys.stderr)
+        return 2
+    try:
+        config = load(args)
+    except ConfigError as exc:
+        print(f"leader-sidecar status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        status = asyncio.run(gather_status(config))
+    except (StoreError, TimeoutError, OSError) as exc:
+        print(f"leader-sidecar status: the store did not answer: {exc}", file=sys.stderr)
+        return 1
+    if output == "json":
+        print(json.dumps(status, indent=2))
+    else:
+        sys.stdout.write(render_table(status))
+    return 0
+
+
+def transfer_main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    to = _pop_option(args, ("--to",), "any")
+    lease = _pop_option(args, ("--lease",), "")
+    url = _pop_option(args, ("--url",), "http://127.0.0.1:4040")
+    if args:
+        print(
+            f"leader-sidecar transfer: unknown arguments {' '.join(args)}; "
+            "use --to ID|any, --lease NAME, --url http://127.0.0.1:4040",
+            file=sys.stderr,
+        )
+        return 2
+    body = {"to": to, **({"lease": lease} if lease else {})}
+    request = urllib.request.Request(
+        url.rstrip("/") + "/leader/transfer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", RELEASE_HEADER: "transfer"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:2000].decode(errors="replace")
+        print(f"leader-sidecar transfer: refused ({exc.code}): {detail}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"leader-sidecar transfer: cannot reach the sidecar at {url}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer))
+    return 0
