@@ -1,16 +1,4 @@
-"""The embedded store: one SQLite file shared by every sidecar on one host.
-
-The store only reports and writes conditionally; expiry is observed by each sidecar on its own
-monotonic clock (rule 2, `sidecar.observed`), so neither the host's clocks nor time namespaces
-(``unshare --time``, checkpoint/restore) can grant a lease. Every write sets a new random
-``version``, which is what the observers compare. ``expires_at``/``boot_id`` are still written
-(``CLOCK_BOOTTIME`` + lease, for earlier versions of the sidecar sharing the file during an
-upgrade) but never read. Single-host only: never put the file on a network filesystem.
-
-Each mutation is one conditional statement inside one ``BEGIN IMMEDIATE`` transaction, so
-concurrent processes serialise on SQLite's write lock and the condition is evaluated under it.
-``synchronous=FULL`` because a lost commit after a power cut could rewind the term.
-"""
+"""One lease in the SQLite store."""
 
 from __future__ import annotations
 
@@ -30,79 +18,17 @@ from sidecar.backends.base import (
     NotOwned,
     StoreUnavailable,
 )
+from sidecar.backends.sqlite.schema import (
+    ACQUIRE,
+    READ,
+    RELEASE,
+    RENEW,
+    RESTORE,
+    SCHEMA,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 T = TypeVar("T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS leases (
-    name        TEXT PRIMARY KEY,
-    holder      TEXT,              -- NULL when released
-    term        INTEGER NOT NULL,  -- fencing token; kept on release
-    duration    REAL NOT NULL,     -- seconds
-    expires_at  REAL NOT NULL,     -- CLOCK_BOOTTIME seconds of boot `boot_id`
-    boot_id     TEXT NOT NULL,
-    version     INTEGER NOT NULL,
-    acquired_at TEXT,              -- wall clock, for humans
-    renewed_at  TEXT
-)
-"""
-
-_COLUMNS = "holder, term, duration, version, acquired_at, renewed_at"
-
-# A new version on every write: random, so a version never comes back even after the row was
-# deleted and written again (an increment would restart at 1).
-_NEW_VERSION = "abs(random())"
-
-# Grant: the caller names the version it observed (rule 2); the statement re-checks it under
-# the write lock. The new term is max(stored, caller's floor) + 1.
-_ACQUIRE = f"""
-INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
-                    acquired_at, renewed_at)
-VALUES (:name, :holder, :min_term + 1, :duration, boottime() + :duration, :boot_id,
-        {_NEW_VERSION}, :wall, :wall)
-ON CONFLICT (name) DO UPDATE SET
-    holder = excluded.holder,
-    term = max(leases.term, :min_term) + 1,
-    duration = excluded.duration,
-    expires_at = excluded.expires_at,
-    boot_id = excluded.boot_id,
-    version = excluded.version,
-    acquired_at = excluded.acquired_at,
-    renewed_at = excluded.renewed_at
-WHERE leases.version = :expected
-RETURNING {_COLUMNS}
-"""
-
-# Extend only our own grant of this term.
-_RENEW = f"""
-UPDATE leases
-SET expires_at = boottime() + :duration, duration = :duration, version = {_NEW_VERSION},
-    boot_id = :boot_id, renewed_at = :wall
-WHERE name = :name AND holder = :holder AND term = :term
-RETURNING {_COLUMNS}
-"""
-
-# The row is gone, or rewound to an older term (a file restored from a backup): put our grant
-# back. Only ever run after reading, under the same write lock, that this is the case.
-_RESTORE = f"""
-INSERT OR REPLACE INTO leases (name, holder, term, duration, expires_at, boot_id, version,
-                               acquired_at, renewed_at)
-VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id, {_NEW_VERSION},
-        :wall, :wall)
-RETURNING {_COLUMNS}
-"""
-
-# Free only our own grant of this term; the term stays so it can never go back. A NULL holder
-# is only ever written here, so it always means "released".
-_RELEASE = f"""
-UPDATE leases
-SET holder = NULL, expires_at = 0, version = {_NEW_VERSION}
-WHERE name = :name AND holder = :holder AND term = :term
-RETURNING {_COLUMNS}
-"""
-
-_READ = f"SELECT {_COLUMNS} FROM leases WHERE name = :name"
 
 
 def _boot_id() -> str:
@@ -178,7 +104,7 @@ class SQLiteLeaseStore:
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
-                conn.execute(_SCHEMA)
+                conn.execute(SCHEMA)
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() >= deadline:
@@ -230,14 +156,14 @@ class SQLiteLeaseStore:
         Returns (written record, None) or (None, the record that blocked the write)."""
         with self._transaction(conn):
             written = conn.execute(sql, params).fetchone()
-            current = None if written else conn.execute(_READ, params).fetchone()
+            current = None if written else conn.execute(READ, params).fetchone()
         return self._record(written), self._record(current)
 
     # -- the contract ---------------------------------------------------------------------
 
     async def read(self) -> LeaseRecord | None:
         return await self._run(
-            lambda conn: self._record(conn.execute(_READ, self._params()).fetchone())
+            lambda conn: self._record(conn.execute(READ, self._params()).fetchone())
         )
 
     async def try_acquire(
@@ -253,10 +179,10 @@ class SQLiteLeaseStore:
 
         def acquire(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
             with self._transaction(conn):
-                current = self._record(conn.execute(_READ, params).fetchone())
+                current = self._record(conn.execute(READ, params).fetchone())
                 written = None
                 if (current.version if current else None) == expected:
-                    written = self._record(conn.execute(_ACQUIRE, params).fetchone())
+                    written = self._record(conn.execute(ACQUIRE, params).fetchone())
             return written, current
 
         written, current = await self._run(acquire)
@@ -271,12 +197,12 @@ class SQLiteLeaseStore:
 
         def renew(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
             with self._transaction(conn):
-                written = self._record(conn.execute(_RENEW, params).fetchone())
+                written = self._record(conn.execute(RENEW, params).fetchone())
                 current = None
                 if written is None:
-                    current = self._record(conn.execute(_READ, params).fetchone())
+                    current = self._record(conn.execute(READ, params).fetchone())
                     if current is None or current.term < term:  # the store lost our grant
-                        written = self._record(conn.execute(_RESTORE, params).fetchone())
+                        written = self._record(conn.execute(RESTORE, params).fetchone())
             return written, current
 
         written, current = await self._run(renew)
@@ -286,7 +212,7 @@ class SQLiteLeaseStore:
 
     async def release(self, identity: str, term: int) -> LeaseRecord | None:
         params = self._params(holder=identity, term=term)
-        written, current = await self._run(lambda conn: self._write(conn, _RELEASE, params))
+        written, current = await self._run(lambda conn: self._write(conn, RELEASE, params))
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written
@@ -309,7 +235,7 @@ class SQLiteLeaseStore:
 
     def _version_and_record(self, conn: sqlite3.Connection) -> tuple[int, LeaseRecord | None]:
         (version,) = conn.execute("PRAGMA data_version").fetchone()
-        return int(version), self._record(conn.execute(_READ, self._params()).fetchone())
+        return int(version), self._record(conn.execute(READ, self._params()).fetchone())
 
     async def close(self) -> None:
         def shut() -> None:
