@@ -1,0 +1,80 @@
+"""The candidate registry of one group, in the SQLite file's ``candidates`` table."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sidecar.backends.base import Candidate
+from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction
+
+if TYPE_CHECKING:
+    from sidecar.backends.sqlite.client import SQLiteStoreClient
+
+# Records not beaten for this many leases are deleted by the next beat in their group. Wall
+# clock, so only garbage collection: a reader judges liveness from versions (rule 2).
+FORGET_AFTER_LEASES = 20
+
+
+def _stamp(moment: datetime) -> str:
+    """One fixed format in UTC, so the stored stamps compare as strings (for the GC)."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _wall(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+class SQLiteCandidates:
+    def __init__(self, client: SQLiteStoreClient, group: str) -> None:
+        self.client = client
+        self.group = group
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        now = self.client.clock.wall()
+        params: dict[str, Any] = {
+            "group": self.group,
+            "identity": candidate.identity,
+            "revision": candidate.revision,
+            "priority": candidate.priority,
+            "leaving": int(candidate.leaving),
+            "started_at": _stamp(candidate.started_at) if candidate.started_at else None,
+            "beat_at": _stamp(now),
+            "cutoff": _stamp(now - timedelta(seconds=FORGET_AFTER_LEASES * duration)),
+        }
+
+        def beat(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.execute(FORGET_SILENT, params)
+                conn.execute(BEAT, params)
+
+        await self.client.connection.run(beat)
+
+    async def list(self) -> list[Candidate]:
+        def fetch(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(LIST, {"group": self.group}).fetchall()
+
+        return [
+            Candidate(
+                identity=identity,
+                version=str(version),
+                revision=revision,
+                priority=int(priority),
+                leaving=bool(leaving),
+                started_at=_wall(started_at),
+                beat_at=_wall(beat_at),
+            )
+            for identity, version, revision, priority, leaving, started_at, beat_at in (
+                await self.client.connection.run(fetch)
+            )
+        ]
+
+    async def leave(self, identity: str) -> None:
+        params = {"group": self.group, "identity": identity}
+
+        def leave(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.execute(LEAVE, params)
+
+        await self.client.connection.run(leave)

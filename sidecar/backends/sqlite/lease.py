@@ -1,0 +1,148 @@
+"""One lease in the SQLite store, on its client's shared connection and poller."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned
+from sidecar.backends.sqlite.schema import (
+    ACQUIRE,
+    READ,
+    RELEASE,
+    RENEW,
+    RESTORE,
+    lease_record,
+    transaction,
+)
+from sidecar.backends.sqlite.watch import Subscription
+
+if TYPE_CHECKING:
+    from sidecar.backends.sqlite.client import SQLiteStoreClient
+
+
+def _stored_version(version: str | None) -> int | str | None:
+    """Versions are integers in the file; compare like with like."""
+    if version is not None and version.lstrip("-").isdigit():
+        return int(version)
+    return version
+
+
+class SQLiteLease:
+    """The lease ``name``; cheap to make. Every statement goes through the client's one
+    connection, and every watch through its one poller."""
+
+    def __init__(self, client: SQLiteStoreClient, name: str) -> None:
+        self.client = client
+        self.name = name
+        self._watches: set[Subscription] = set()
+
+    @property
+    def path(self) -> str:
+        return self.client.path
+
+    @property
+    def description(self) -> str:
+        return f"sqlite:///{self.path} lease={self.name}"
+
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        return {"name": self.name, "boot_id": self.client.boot_id, **extra}
+
+    def _wall(self) -> str:
+        return self.client.clock.wall().isoformat()
+
+    # -- the contract ---------------------------------------------------------------------
+
+    async def read(self) -> LeaseRecord | None:
+        return await self.client.connection.run(
+            lambda conn: lease_record(conn.execute(READ, self._params()).fetchone())
+        )
+
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
+    ) -> LeaseRecord:
+        params = self._params(
+            holder=identity,
+            duration=duration,
+            min_term=min_term,
+            expected=_stored_version(expected),
+            wall=self._wall(),
+        )
+
+        def acquire(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
+            with transaction(conn):
+                current = lease_record(conn.execute(READ, params).fetchone())
+                written = None
+                if (current.version if current else None) == expected:
+                    written = lease_record(conn.execute(ACQUIRE, params).fetchone())
+            return written, current
+
+        written, current = await self.client.connection.run(acquire, writes=True)
+        if written is not None:
+            return written
+        raise LeaseHeld(f"the lease is not at version {expected}", current)
+
+    async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
+        params = self._params(holder=identity, term=term, duration=duration, wall=self._wall())
+
+        def renew(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
+            with transaction(conn):
+                written = lease_record(conn.execute(RENEW, params).fetchone())
+                current = None
+                if written is None:
+                    current = lease_record(conn.execute(READ, params).fetchone())
+                    if current is None or current.term < term:  # the store lost our grant
+                        written = lease_record(conn.execute(RESTORE, params).fetchone())
+            return written, current
+
+        written, current = await self.client.connection.run(renew, writes=True)
+        if written is None:
+            raise NotOwned(f"not held by {identity} with term {term}", current)
+        return written
+
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
+        params = self._params(holder=identity, term=term, successor=successor)
+
+        def release(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
+            with transaction(conn):
+                written = conn.execute(RELEASE, params).fetchone()
+                current = None if written else conn.execute(READ, params).fetchone()
+            return lease_record(written), lease_record(current)
+
+        written, current = await self.client.connection.run(release, writes=True)
+        if written is None:
+            raise NotOwned(f"not held by {identity} with term {term}", current)
+        return written
+
+    async def watch(self) -> AsyncIterator[LeaseRecord | None]:
+        """Yield the record now, then whenever the client's poller sees its version change
+        (including a deleted row), until cancelled or closed."""
+        watch = self.client.hub.subscribe(self.name)
+        self._watches.add(watch)
+        try:
+            while True:
+                await watch.ready.wait()
+                if watch.ended:
+                    return
+                watch.ready.clear()
+                yield watch.latest
+        finally:
+            self._watches.discard(watch)
+            self.client.hub.unsubscribe(watch)
+
+    async def close(self) -> None:
+        """End this lease's watches; the connection belongs to the client."""
+        for watch in list(self._watches):
+            self.client.hub.unsubscribe(watch)
+
+    def delete_everything(self) -> None:
+        """Test and operator helper: drop the lease row, term included (a reset store). On a
+        connection of its own, so it works from any thread."""
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.client.busy_timeout)
+        try:
+            conn.execute("DELETE FROM leases WHERE name = ?", (self.name,))
+        finally:
+            conn.close()

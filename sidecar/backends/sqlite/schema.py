@@ -1,0 +1,200 @@
+"""The SQLite store's tables and statements. Each mutation is one conditional statement, run
+inside one ``BEGIN IMMEDIATE`` transaction by `sidecar.backends.sqlite.lease`."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sidecar.backends.base import LeaseRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT,              -- NULL when released
+    term        INTEGER NOT NULL,  -- fencing token; kept on release
+    duration    REAL NOT NULL,     -- seconds
+    expires_at  REAL NOT NULL,     -- CLOCK_BOOTTIME seconds of boot `boot_id`
+    boot_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    acquired_at TEXT,              -- wall clock, for humans
+    renewed_at  TEXT,
+    successor   TEXT               -- named by a release; meaningful only while released
+)
+"""
+
+# Files written before issue 11 lack the column: added in place, rows and terms kept.
+ADD_SUCCESSOR = "ALTER TABLE leases ADD COLUMN successor TEXT"
+
+CANDIDATES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS candidates (
+    "group"    TEXT NOT NULL,
+    identity   TEXT NOT NULL,
+    revision   TEXT NOT NULL,
+    priority   INTEGER NOT NULL,
+    leaving    INTEGER NOT NULL,   -- 0/1
+    started_at TEXT,               -- wall clock, for humans and ordering among equals
+    beat_at    TEXT NOT NULL,      -- wall clock of the last beat: humans and garbage collection
+    version    INTEGER NOT NULL,   -- new on every beat; liveness is observed from it
+    PRIMARY KEY ("group", identity)
+)
+"""
+
+COLUMNS = "holder, term, duration, version, acquired_at, renewed_at, successor"
+
+# A new version on every write: random, so a version never comes back even after the row was
+# deleted and written again (an increment would restart at 1).
+NEW_VERSION = "abs(random())"
+
+# Grant: the caller names the version it observed (rule 2); the statement re-checks it under
+# the write lock. The new term is max(stored, caller's floor) + 1. A grant ends a hand-over.
+ACQUIRE = f"""
+INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
+                    acquired_at, renewed_at, successor)
+VALUES (:name, :holder, :min_term + 1, :duration, boottime() + :duration, :boot_id,
+        {NEW_VERSION}, :wall, :wall, NULL)
+ON CONFLICT (name) DO UPDATE SET
+    holder = excluded.holder,
+    term = max(leases.term, :min_term) + 1,
+    duration = excluded.duration,
+    expires_at = excluded.expires_at,
+    boot_id = excluded.boot_id,
+    version = excluded.version,
+    acquired_at = excluded.acquired_at,
+    renewed_at = excluded.renewed_at,
+    successor = NULL
+WHERE leases.version = :expected
+RETURNING {COLUMNS}
+"""
+
+# Extend only our own grant of this term.
+RENEW = f"""
+UPDATE leases
+SET expires_at = boottime() + :duration, duration = :duration, version = {NEW_VERSION},
+    boot_id = :boot_id, renewed_at = :wall
+WHERE name = :name AND holder = :holder AND term = :term
+RETURNING {COLUMNS}
+"""
+
+# The row is gone, or rewound to an older term (a file restored from a backup): put our grant
+# back. Only ever run after reading, under the same write lock, that this is the case.
+RESTORE = f"""
+INSERT OR REPLACE INTO leases (name, holder, term, duration, expires_at, boot_id, version,
+                               acquired_at, renewed_at, successor)
+VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id, {NEW_VERSION},
+        :wall, :wall, NULL)
+RETURNING {COLUMNS}
+"""
+
+# Free only our own grant of this term; the term stays so it can never go back. A NULL holder
+# is only ever written here, so it always means "released".
+RELEASE = f"""
+UPDATE leases
+SET holder = NULL, expires_at = 0, version = {NEW_VERSION}, successor = :successor
+WHERE name = :name AND holder = :holder AND term = :term
+RETURNING {COLUMNS}
+"""
+
+READ = f"SELECT {COLUMNS} FROM leases WHERE name = :name"
+
+# Every watched lease of a client in one statement: ``:names`` is a JSON array, so a thousand
+# names are one parameter, and each is looked up by the primary key.
+READ_MANY = f"""
+SELECT name, {COLUMNS} FROM leases
+WHERE name IN (SELECT value FROM json_each(:names))
+"""
+
+CANDIDATE_COLUMNS = "identity, version, revision, priority, leaving, started_at, beat_at"
+
+BEAT = f"""
+INSERT INTO candidates ("group", identity, revision, priority, leaving, started_at, beat_at,
+                        version)
+VALUES (:group, :identity, :revision, :priority, :leaving, :started_at, :beat_at,
+        {NEW_VERSION})
+ON CONFLICT ("group", identity) DO UPDATE SET
+    revision = excluded.revision,
+    priority = excluded.priority,
+    leaving = excluded.leaving,
+    started_at = excluded.started_at,
+    beat_at = excluded.beat_at,
+    version = excluded.version
+"""
+
+# Garbage collection only (by wall clock, written by the beaters themselves): liveness is
+# observed by readers from versions, never from these timestamps.
+FORGET_SILENT = """
+DELETE FROM candidates WHERE "group" = :group AND beat_at < :cutoff
+"""
+
+LIST = f"""
+SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE "group" = :group ORDER BY identity
+"""
+
+LEAVE = """
+DELETE FROM candidates WHERE "group" = :group AND identity = :identity
+"""
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction: under SQLite's write lock, a look and a write are atomic."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """WAL mode, the tables, and the migration of an older file. Switching a new file to WAL
+    takes an exclusive lock and, unlike ordinary statements, can fail at once with "database
+    is locked" when several sidecars start together on a new file: retry that within the busy
+    timeout. Runs on the connection's own thread, never the event loop."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            # Under the write lock, so two sidecars starting on an old file do not both add
+            # the column (the second would fail with "duplicate column").
+            with transaction(conn):
+                conn.execute(SCHEMA)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(leases)")}
+                if "successor" not in columns:
+                    conn.execute(ADD_SUCCESSOR)
+                conn.execute(CANDIDATES_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+
+
+def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
+    """A row of ``COLUMNS`` as the contract's record."""
+    if row is None:
+        return None
+    holder, term, duration, version, acquired, renewed, successor = row
+    released = holder is None  # a NULL holder is only ever written by a release
+    return LeaseRecord(
+        holder=holder,
+        term=int(term),
+        duration=float(duration),
+        version=str(version),
+        released=released,
+        # Only a release names a successor; a grant by an earlier version of the sidecar
+        # (sharing the file during an upgrade) does not clear the column, so ignore it there.
+        successor=successor if released else None,
+        acquired_at=_wall(acquired),
+        renewed_at=_wall(renewed),
+    )
+
+
+def _wall(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None

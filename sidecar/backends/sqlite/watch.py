@@ -1,0 +1,142 @@
+"""One change poller per client, fanned out to every lease watch of that client.
+
+``PRAGMA data_version`` changes when another connection commits: a microsecond local read, so
+polling it every interval sees every write within one interval. A thousand leases must not
+mean a thousand such loops: one loop polls, and only when something changed reads the rows of
+every watched lease in one statement and hands each watch its row if its version moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from typing import Any
+
+from sidecar.backends.base import LeaseRecord, StoreUnavailable
+from sidecar.backends.sqlite.connection import Connection
+from sidecar.backends.sqlite.schema import READ_MANY, lease_record
+
+# What a subscription has seen before its first yield: unlike any version, and unlike None
+# (no row), so the first look always yields.
+_UNSEEN: Any = object()
+
+
+class Subscription:
+    """One running ``watch()``: the latest record not yet yielded, and a flag to wake it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: str | None = _UNSEEN
+        self.latest: LeaseRecord | None = None
+        self.ready = asyncio.Event()
+        self.ended = False
+
+    @property
+    def fresh(self) -> bool:
+        """Started (or restarted after a failure) and not yet told the current record."""
+        return self.seen is _UNSEEN
+
+    def offer(self, record: LeaseRecord | None) -> None:
+        key = record.version if record is not None else None
+        if self.fresh or key != self.seen:
+            self.seen = key
+            self.latest = record
+            self.ready.set()
+
+    def restart(self) -> None:
+        """Yield the record again once reads work: a reconnection, as the contract asks."""
+        self.seen = _UNSEEN
+
+    def end(self) -> None:
+        self.ended = True
+        self.ready.set()
+
+
+class WatchHub:
+    """The client's one poller. It runs while at least one watch does."""
+
+    def __init__(self, connection: Connection, interval: float) -> None:
+        self._connection = connection
+        self._interval = interval
+        self._watches: dict[str, set[Subscription]] = {}
+        self._names: tuple[list[str], str] | None = None  # watched names, and as JSON
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def polling(self) -> bool:
+        return self._task is not None
+
+    def subscribe(self, name: str) -> Subscription:
+        watch = Subscription(name)
+        self._watches.setdefault(name, set()).add(watch)
+        self._names = None
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._poll(), name=f"sqlite-watch {self._connection.path}"
+            )
+        return watch
+
+    def unsubscribe(self, watch: Subscription) -> None:
+        watches = self._watches.get(watch.name)
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:
+                del self._watches[watch.name]
+                self._names = None
+        watch.end()
+
+    async def close(self) -> None:
+        for watches in list(self._watches.values()):
+            for watch in list(watches):
+                self.unsubscribe(watch)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _poll(self) -> None:
+        data_version: int | None = None
+        writes: int | None = None
+        try:
+            while self._watches:
+                try:
+                    data_version, writes = await self._look(data_version, writes)
+                except StoreUnavailable:
+                    for watches in self._watches.values():
+                        for watch in watches:
+                            watch.restart()
+                    data_version = None
+                    await asyncio.sleep(self._interval * 10)
+                    continue
+                await asyncio.sleep(self._interval)
+        finally:
+            # No await between the emptiness check and this: a new watch starts a new loop.
+            self._task = None
+
+    async def _look(self, last_version: int | None, last_writes: int | None) -> tuple[int, int]:
+        """One poll. Reads every watched row if the file changed since the last look (another
+        connection committed, or this client wrote), else only the rows of new watches."""
+        writes = self._connection.writes  # before the read: a write during it is re-read
+        if self._names is None:
+            watched = sorted(self._watches)
+            self._names = (watched, json.dumps(watched))
+        everything = self._names
+        fresh = [name for name, ws in self._watches.items() if any(w.fresh for w in ws)]
+
+        def look(conn: sqlite3.Connection) -> tuple[int, list[str], list[Any]]:
+            (version,) = conn.execute("PRAGMA data_version").fetchone()
+            if version != last_version or writes != last_writes:
+                names, names_json = everything
+            elif fresh:
+                names, names_json = fresh, json.dumps(fresh)
+            else:
+                return int(version), [], []
+            return int(version), names, conn.execute(READ_MANY, {"names": names_json}).fetchall()
+
+        version, names, rows = await self._connection.run(look)
+        records = {row[0]: lease_record(row[1:]) for row in rows}
+        for name in names:
+            for watch in list(self._watches.get(name, ())):
+                watch.offer(records.get(name))  # absent: the row is gone (None)
+        return version, writes

@@ -1,0 +1,233 @@
+"""The SQLite client shares one connection, one thread and one poller among its leases (issue
+11), migrates files written before it, and garbage-collects silent candidates."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.backends.base import Candidate, LeaseRecord, LeaseStore
+from sidecar.backends.sqlite import SQLiteStoreClient
+
+LEASE = 30.0
+
+
+@contextlib.contextmanager
+def traced_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
+    """Every sqlite3 connection opened in the block, as the list of statements it ran."""
+    logs: list[list[str]] = []
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = real_connect(*args, **kwargs)
+        log: list[str] = []
+        logs.append(log)
+        conn.set_trace_callback(log.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    yield logs
+
+
+@contextlib.asynccontextmanager
+async def watching_all(
+    stores: list[LeaseStore],
+) -> AsyncIterator[list[asyncio.Queue[LeaseRecord | None]]]:
+    queues: list[asyncio.Queue[LeaseRecord | None]] = [asyncio.Queue() for _ in stores]
+
+    async def follow(store: LeaseStore, queue: asyncio.Queue[LeaseRecord | None]) -> None:
+        async for record in store.watch():
+            await queue.put(record)
+
+    tasks = [asyncio.create_task(follow(s, q)) for s, q in zip(stores, queues, strict=True)]
+    try:
+        yield queues
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def sqlite_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("sqlite")}
+
+
+def poll_ticks(log: list[str]) -> list[list[str]]:
+    """The statements of each poll, split at each ``PRAGMA data_version``."""
+    ticks: list[list[str]] = []
+    for statement in log:
+        if "data_version" in statement:
+            ticks.append([])
+        elif ticks:
+            ticks[-1].append(statement)
+    return ticks
+
+
+async def test_a_thousand_watched_leases_cost_one_connection_one_thread_and_one_poll_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "leases.db")
+    threads_before = sqlite_threads()
+    with traced_connections(monkeypatch) as logs:
+        reader = SQLiteStoreClient(path, busy_timeout=5.0)
+        writer = SQLiteStoreClient(path, busy_timeout=5.0)
+        try:
+            names = [f"lease-{i}" for i in range(1000)]
+            async with watching_all([reader.lease(name) for name in names]) as queues:
+                # Every watch yields once on start (no row yet: None).
+                firsts = [await asyncio.wait_for(q.get(), timeout=10.0) for q in queues]
+                assert firsts == [None] * 1000
+                assert len(logs) == 1, "the reader opened more than one connection"
+                assert len(sqlite_threads() - threads_before) == 1
+                pollers = [t for t in asyncio.all_tasks() if t.get_name().startswith("sqlite-")]
+                assert len(pollers) == 1
+                # Starting a thousand watches read their rows in a few statements, not 1000.
+                start_ticks = poll_ticks(logs[0])
+                assert all(len(tick) <= 1 for tick in start_ticks)
+                assert sum(len(tick) for tick in start_ticks) < 50
+
+                logs[0].clear()
+                granted = await writer.lease(names[500]).try_acquire("a_1", LEASE, 0, expected=None)
+                while (record := await asyncio.wait_for(queues[500].get(), 5.0)) is None:
+                    pass
+                assert record.version == granted.version
+                assert len(logs) == 2  # reader and writer: one connection each
+
+                # One poll loop: each tick is one data_version read and, when the file
+                # changed, one SELECT of every watched row (fanned out to the watches).
+                ticks = poll_ticks(logs[0])
+                assert ticks
+                assert all(len(tick) <= 1 for tick in ticks)
+                assert 1 <= sum(len(tick) for tick in ticks) <= 3
+                assert [i for i, q in enumerate(queues) if not q.empty()] == []
+        finally:
+            await reader.close()
+            await writer.close()
+
+
+async def test_a_watch_sees_a_write_made_through_another_lease_object_of_the_same_client(
+    tmp_path: Path,
+) -> None:
+    """``data_version`` ignores the connection's own commits; the poller must not."""
+    client = SQLiteStoreClient(str(tmp_path / "leases.db"), busy_timeout=5.0)
+    try:
+        async with watching_all([client.lease("x")]) as (seen,):
+            assert await asyncio.wait_for(seen.get(), 5.0) is None
+            granted = await client.lease("x").try_acquire("a_1", LEASE, 0, expected=None)
+            record = await asyncio.wait_for(seen.get(), 5.0)
+            assert record is not None
+            assert record.version == granted.version
+    finally:
+        await client.close()
+
+
+async def test_a_watch_yields_none_when_its_row_is_deleted(tmp_path: Path) -> None:
+    reader = SQLiteStoreClient(str(tmp_path / "leases.db"), busy_timeout=5.0)
+    writer = SQLiteStoreClient(str(tmp_path / "leases.db"), busy_timeout=5.0)
+    try:
+        await writer.lease("x").try_acquire("a_1", LEASE, 0, expected=None)
+        async with watching_all([reader.lease("x")]) as (seen,):
+            first = await asyncio.wait_for(seen.get(), 5.0)
+            assert first is not None
+            assert first.holder == "a_1"
+            await asyncio.to_thread(writer.lease("x").delete_everything)
+            assert await asyncio.wait_for(seen.get(), 5.0) is None
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_closing_a_lease_ends_its_watch_and_the_last_watch_stops_the_poller(
+    tmp_path: Path,
+) -> None:
+    client = SQLiteStoreClient(str(tmp_path / "leases.db"), busy_timeout=5.0)
+    try:
+        lease = client.lease("x")
+        records = lease.watch()
+        assert await asyncio.wait_for(anext(records), 5.0) is None
+        assert client.hub.polling
+        await lease.close()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(records), 5.0)
+        await asyncio.sleep(0.2)  # the loop notices at its next tick
+        assert not client.hub.polling
+    finally:
+        await client.close()
+
+
+# The leases table as written before issue 11 (no successor column).
+_OLD_SCHEMA = """
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY, holder TEXT, term INTEGER NOT NULL, duration REAL NOT NULL,
+    expires_at REAL NOT NULL, boot_id TEXT NOT NULL, version INTEGER NOT NULL,
+    acquired_at TEXT, renewed_at TEXT
+)
+"""
+
+
+async def test_a_file_from_before_issue_11_is_migrated_and_keeps_its_lease(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "leases.db")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_OLD_SCHEMA)
+        conn.execute(
+            "INSERT INTO leases VALUES ('default', 'a_1', 41, 30.0, 0, 'boot', 77, "
+            "'2026-11-29T09:00:00+00:00', '2026-11-29T09:00:00+00:00')"
+        )
+    clients = [SQLiteStoreClient(path, busy_timeout=5.0) for _ in range(3)]
+    try:
+        # Several sidecars opening the old file together: one adds the column, none fails.
+        records = await asyncio.gather(*(c.lease("default").read() for c in clients))
+        for record in records:
+            assert record is not None
+            assert (record.holder, record.term, record.version) == ("a_1", 41, "77")
+            assert record.successor is None
+        released = await clients[0].lease("default").release("a_1", 41, successor="b_1")
+        assert released is not None
+        assert released.successor == "b_1"
+        assert released.term == 41
+        assert await clients[1].candidates("g").list() == []  # the table exists too
+    finally:
+        for client in clients:
+            await client.close()
+
+
+class SteppedClock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.moment = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+    def now(self) -> float:
+        return 0.0
+
+    def wall(self) -> datetime:
+        return self.moment
+
+
+async def test_candidates_silent_for_twenty_leases_are_forgotten_by_the_next_beat(
+    tmp_path: Path,
+) -> None:
+    clock = SteppedClock()
+    client = SQLiteStoreClient(str(tmp_path / "leases.db"), clock=clock)
+    try:
+        group = client.candidates("g")
+        await group.beat(Candidate("old_1", ""), 1.0)
+        await group.beat(Candidate("quiet_1", ""), 1.0)
+        clock.moment += timedelta(seconds=19)
+        await group.beat(Candidate("quiet_1", ""), 1.0)
+        clock.moment += timedelta(seconds=2)  # old_1 silent 21 leases, quiet_1 only 2
+        await group.beat(Candidate("new_1", ""), 1.0)
+        assert sorted(c.identity for c in await group.list()) == ["new_1", "quiet_1"]
+    finally:
+        await client.close()
