@@ -8,7 +8,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from sidecar.backends.kubernetes import KubernetesLeaseStore
+from sidecar.backends.kubernetes import KubernetesLeaseStore, KubernetesStoreClient
 from sidecar.backends.kubernetes.client import KubeApi
 from tests.contract.harness import HarnessIterator
 from tests.fakekube import FakeApiServer, running, write_kubeconfig
@@ -19,22 +19,31 @@ LEASE = "contract"
 
 
 class KubernetesHarness:
+    lease_name = LEASE
+
     def __init__(self, fake: FakeApiServer, kubeconfig: Path) -> None:
         self.fake = fake
         self.kubeconfig = kubeconfig
-        self.stores: list[KubernetesLeaseStore] = []
+        self.stores: list[KubernetesLeaseStore | KubernetesStoreClient] = []
+
+    def _api(self) -> KubeApi:
+        # Generous: 50 clients at once against the fake on 2 busy cores must not time out
+        # (a timed-out winner would hide the grant the test counts).
+        return KubeApi(str(self.kubeconfig), request_timeout=20.0)
 
     def new_store(self) -> KubernetesLeaseStore:
-        store = KubernetesLeaseStore(
-            NAMESPACE,
-            LEASE,
-            # Generous: 50 clients at once against the fake on 2 busy cores must not time out
-            # (a timed-out winner would hide the grant the test counts).
-            api=KubeApi(str(self.kubeconfig), request_timeout=20.0),
-            default_duration=30.0,
-        )
+        """A single-lease store with a client of its own (its own per-name watch)."""
+        store = KubernetesLeaseStore(NAMESPACE, LEASE, api=self._api(), default_duration=30.0)
         self.stores.append(store)
         return store
+
+    def new_client(self) -> KubernetesStoreClient:
+        """A replica serving many leases: one client, one shared namespace watch."""
+        client = KubernetesStoreClient(
+            NAMESPACE, api=self._api(), group=LEASE, shared_watch=True, default_duration=30.0
+        )
+        self.stores.append(client)
+        return client
 
     async def reset(self) -> None:
         """Delete the Lease object, as an operator's ``kubectl delete lease`` would."""

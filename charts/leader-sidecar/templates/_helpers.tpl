@@ -44,6 +44,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.lease.name | default (include "leader-sidecar.fullname" .) -}}
 {{- end -}}
 
+{{/*
+The group's candidates Lease (one annotation per replica: who is alive to take leases). The
+group is the first lease. TODO(issue 11): when values for several leases and shards exist
+(--lease a,b, --shards N, --group), add a leader-sidecar.leaseNames helper expanding them
+(each L into L-0..L-(N-1)) for the Role's resourceNames, and take the group from --group.
+*/}}
+{{- define "leader-sidecar.candidatesLeaseName" -}}
+{{- printf "%s-candidates" (include "leader-sidecar.leaseName" .) -}}
+{{- end -}}
+
 {{/* Namespace of the Lease object: the pods' namespace unless lease.namespace says otherwise. */}}
 {{- define "leader-sidecar.leaseNamespace" -}}
 {{- .Values.lease.namespace | default .Release.Namespace -}}

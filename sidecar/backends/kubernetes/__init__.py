@@ -3,6 +3,8 @@
 Events.
 
 * `store` — the lease store (observe-based expiry, compare-and-swap, the watch).
+* `store_client` — many leases on one connection; `fanout` — one watch for many Leases;
+  `watch` — the list-then-watch both use; `candidates` — the candidate registry.
 * `client` — client setup, request deadlines, error mapping, MicroTime.
 * `demotion` — the pod role label and the Events.
 """
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster, warm_up
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
+from sidecar.backends.kubernetes.store_client import PER_NAME_WATCH_LIMIT, KubernetesStoreClient
 from sidecar.config import SERVICE_ACCOUNT_DIR, ConfigError
 from sidecar.logs import log
 
@@ -30,15 +33,17 @@ logger = logging.getLogger("sidecar.kubernetes")
 
 __all__ = [
     "KubernetesLeaseStore",
+    "KubernetesStoreClient",
     "demotion_actions",
     "gap_alert_listener",
+    "open_kubernetes_client",
     "open_kubernetes_store",
 ]
 
 
-def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
-    """The store for ``--store kubernetes``: the kubeconfig if one is given (``--kubeconfig``
-    or ``KUBECONFIG``), else the pod's service account."""
+def _api(config: Config) -> KubeApi:
+    """The API of ``--store kubernetes``: the kubeconfig if one is given (``--kubeconfig`` or
+    ``KUBECONFIG``), else the pod's service account."""
     if not config.kubeconfig and not in_cluster():
         raise ConfigError(
             "--store",
@@ -48,11 +53,38 @@ def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
             "a cluster",
         )
     warm_up()
-    api = KubeApi(config.kubeconfig, config.timing.request_timeout)
+    return KubeApi(config.kubeconfig, config.timing.request_timeout)
+
+
+def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
+    """The store of the one lease ``--lease``, with a client of its own."""
     return KubernetesLeaseStore(
         config.namespace,
         config.lease,
-        api=api,
+        api=_api(config),
+        default_duration=config.timing.lease_duration,
+    )
+
+
+def served_leases(config: Config) -> tuple[str, int]:
+    """(group, number of Leases) this sidecar serves: ``--lease a,b`` times ``--shards N``,
+    group ``--group`` or the first lease. Read defensively: those flags arrive with issue 11's
+    configuration change; until then it is one lease, its own group."""
+    names = [name for name in config.lease.split(",") if name] or [config.lease]
+    shards = int(getattr(config, "shards", 0) or 0)
+    group = str(getattr(config, "group", "") or names[0])
+    return group, len(names) * max(1, shards)
+
+
+def open_kubernetes_client(config: Config) -> KubernetesStoreClient:
+    """One client for every lease of this sidecar; a shared namespace watch past
+    `PER_NAME_WATCH_LIMIT` leases (see store_client.py)."""
+    group, count = served_leases(config)
+    return KubernetesStoreClient(
+        config.namespace,
+        api=_api(config),
+        group=group,
+        shared_watch=count > PER_NAME_WATCH_LIMIT,
         default_duration=config.timing.lease_duration,
     )
 

@@ -16,6 +16,16 @@ Compare-and-swap everywhere, on the resourceVersion this process last observed:
 A 409 is never retried blindly: the store re-reads and reports what it found (`Conflict`, or
 `NotOwned` when the lease is no longer ours).
 
+A release may name a successor: the annotation ``leader-sidecar.io/successor`` on the released
+Lease (an annotation, because the client's models drop spec fields they do not know, and
+``spec.preferredHolder`` belongs to Coordinated Leader Election: dropped by API servers without
+that feature gate, and read by its controller where it is on). A grant clears it.
+
+A store that knows its group (`KubernetesStoreClient.lease`) labels the Lease it writes
+``leader-sidecar/group=<group>``, so one namespace watch by that label can serve many Leases
+(`sidecar.backends.kubernetes.fanout`); a Lease written by hand or by an older sidecar gets
+the label with the first write of a newer one.
+
 A deleted Lease is "no record": to the followers a store that lost state (waited out a full
 lease, then re-created above every term seen), to its holder a grant to put back — its next
 renewal creates the Lease again with its own name and term.
@@ -29,12 +39,11 @@ is a PUT conditional on that very resourceVersion. ``renewTime`` is never truste
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import (
     Conflict,
@@ -44,12 +53,26 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.backends.kubernetes.client import CallError, KubeApi, MicroTime
+from sidecar.backends.kubernetes.watch import (
+    Relist,
+    Selection,
+    backoff,
+    coordination,
+    list_leases,
+    stream_leases,
+    unavailable,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
+
+if TYPE_CHECKING:
+    from sidecar.backends.kubernetes.fanout import SharedLeaseWatch
 
 logger = logging.getLogger("sidecar.kubernetes")
 
 MERGE_PATCH = "application/merge-patch+json"
+SUCCESSOR_ANNOTATION = "leader-sidecar.io/successor"
+GROUP_LABEL = "leader-sidecar/group"
 
 
 def whole_seconds(duration: float) -> int:
@@ -89,10 +112,20 @@ class KubernetesLeaseStore:
         clock: Clock = SYSTEM_CLOCK,
         watch_timeout: float = 60.0,
         rng: random.Random | None = None,
+        labels: dict[str, str] | None = None,
+        shared_watch: SharedLeaseWatch | None = None,
+        owns_api: bool = True,
     ) -> None:
         self.namespace = namespace
         self.name = name
         self.api = api
+        # Put on the Lease with every write (the group label the shared watch selects by).
+        self.labels = dict(labels or {})
+        # Watch through a namespace watch shared with other leases, instead of our own stream.
+        self._shared_watch = shared_watch
+        # A store made by a `KubernetesStoreClient` shares its client's API: closing it must
+        # not close the connections of every other lease.
+        self._owns_api = owns_api
         self.default_duration = default_duration
         self.watch_timeout = watch_timeout
         self._clock = clock
@@ -130,6 +163,7 @@ class KubernetesLeaseStore:
     def _record(self, lease: Any) -> LeaseRecord:
         spec = lease.spec
         holder = (spec.holder_identity if spec else None) or None
+        annotations = lease.metadata.annotations or {}
         seconds = spec.lease_duration_seconds if spec else None
         duration = float(seconds) if seconds and seconds > 0 else self.default_duration
         return LeaseRecord(
@@ -138,16 +172,13 @@ class KubernetesLeaseStore:
             duration=duration,
             version=_version(lease),
             released=holder is None,  # an empty holderIdentity: released (or never held)
+            successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if holder is None else None,
             acquired_at=spec.acquire_time if spec else None,
             renewed_at=spec.renew_time if spec else None,
         )
 
     def _unavailable(self, error: CallError) -> StoreUnavailable:
-        if error.status == 404 and error.reason == "NotFound" and "namespaces" in error.message:
-            return StoreUnavailable(
-                f"{error}; create namespace {self.namespace} or fix --namespace"
-            )
-        return StoreUnavailable(str(error))
+        return unavailable(error, self.namespace)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -167,12 +198,7 @@ class KubernetesLeaseStore:
             raise self._unavailable(error) from None
 
     async def _coordination(self) -> Any:
-        try:
-            return await self.api.coordination()
-        except Exception as exc:
-            raise StoreUnavailable(
-                f"cannot load the Kubernetes client configuration: {exc}"
-            ) from exc
+        return await coordination(self.api)
 
     async def _reread(self) -> LeaseRecord | None:
         """After a lost compare-and-swap: what is there now (None if it cannot be read)."""
@@ -201,7 +227,9 @@ class KubernetesLeaseStore:
         body = client.V1Lease(
             api_version="coordination.k8s.io/v1",
             kind="Lease",
-            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            metadata=client.V1ObjectMeta(
+                name=self.name, namespace=self.namespace, labels=self.labels or None
+            ),
             spec=self._spec(identity, duration, max(1, term), acquired=True),
         )
         try:
@@ -221,16 +249,23 @@ class KubernetesLeaseStore:
         assert record is not None
         return record
 
-    async def _patch(self, op: str, lease: Any, spec: dict[str, Any]) -> Any:
-        """A merge patch conditional on ``lease``'s resourceVersion. Raises CallError for 404
-        and 409, StoreUnavailable for everything else."""
+    async def _patch(
+        self, op: str, lease: Any, spec: dict[str, Any], annotations: dict[str, Any] | None = None
+    ) -> Any:
+        """A merge patch conditional on ``lease``'s resourceVersion, adding our labels and
+        ``annotations`` (None deletes a key). Raises CallError for 404 and 409,
+        StoreUnavailable for everything else."""
         coordination = await self._coordination()
         # The uid too: after an etcd restore or wipe, resourceVersions start again, and a
         # number seen before could name another Lease; the uid never repeats (and the API
         # server refuses a write whose uid does not match the object's).
-        metadata = {"resourceVersion": lease.metadata.resource_version}
+        metadata: dict[str, Any] = {"resourceVersion": lease.metadata.resource_version}
         if lease.metadata.uid:
             metadata["uid"] = lease.metadata.uid
+        if self.labels:
+            metadata["labels"] = self.labels
+        if annotations:
+            metadata["annotations"] = annotations
         patch = {"metadata": metadata, "spec": spec}
         try:
             return await self.api.call(
@@ -297,10 +332,16 @@ class KubernetesLeaseStore:
         spec = self._spec(identity, duration, term, acquired=acquired)
         if not acquired and lease.spec is not None:
             spec.acquire_time = lease.spec.acquire_time
+        # Our labels on, the successor off: a grant (or a grant put back) ends a hand-over.
+        metadata = lease.metadata.model_copy()
+        metadata.labels = {**(lease.metadata.labels or {}), **self.labels} or None
+        annotations = dict(lease.metadata.annotations or {})
+        annotations.pop(SUCCESSOR_ANNOTATION, None)
+        metadata.annotations = annotations or None
         body = client.V1Lease(
             api_version="coordination.k8s.io/v1",
             kind="Lease",
-            metadata=lease.metadata,
+            metadata=metadata,
             spec=spec,
         )
         return await self.api.call(
@@ -399,7 +440,9 @@ class KubernetesLeaseStore:
         assert record is not None
         return record
 
-    async def release(self, identity: str, term: int) -> LeaseRecord | None:
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
         lease = await self._owned(identity, term)
         try:
             written = await self._patch(
@@ -407,6 +450,8 @@ class KubernetesLeaseStore:
                 lease,
                 # An empty holder keeps the term (leaseTransitions) and wakes every watcher.
                 {"holderIdentity": "", "renewTime": MicroTime.at(self._clock.wall()).isoformat()},
+                # The successor in the same write; None deletes one a hand-edit left behind.
+                {SUCCESSOR_ANNOTATION: successor or None},
             )
         except CallError as error:
             raise await self._after_failed_write(error, identity, term) from None
@@ -415,35 +460,47 @@ class KubernetesLeaseStore:
     # -- the watch --------------------------------------------------------------------------
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:
-        """List the one Lease, then watch it from that resourceVersion; resume from the last
-        resourceVersion after a dropped connection, re-list after 410 Gone, back off while the
-        API is unreachable. Never raises StoreError; runs until cancelled."""
+        """Through the shared namespace watch if this store has one, else a watch of its own.
+        Either way: the state once after every (re)connection, then every change. Never raises
+        StoreError; runs until cancelled."""
+        if self._shared_watch is not None:
+            async for lease in self._shared_watch.subscribe(self.name):
+                yield self._observe(lease)
+            return
+        async for record in self._watch_one():
+            yield record
+
+    async def _watch_one(self) -> AsyncIterator[LeaseRecord | None]:
+        """List the one Lease, then watch it from that resourceVersion (see watch.py)."""
+        selection = Selection(self.namespace, field_selector=f"metadata.name={self.name}")
         version: str | None = None
         failures = 0
         while True:
             try:
                 if version is None:
-                    lease, version = await self._list()
-                    yield self._observe(lease)
-                async for kind, lease, resume_at in self._stream(version):
+                    items, version = await list_leases(self.api, selection, "list lease")
+                    yield self._observe(items[0] if items else None)
+                async for kind, lease, resume_at in stream_leases(
+                    self.api, selection, version, self.watch_timeout, "watch lease"
+                ):
                     failures = 0
                     version = resume_at
                     if kind == "DELETED":
                         yield self._observe(None)
                     elif kind in ("ADDED", "MODIFIED"):
                         yield self._observe(lease)
-            except _Relist as relist:
+            except Relist as relist:
                 log(logger, "info", "lease watch expired; listing again", reason=str(relist))
                 version = None
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # CallError, StoreUnavailable, _WatchBroken, bad JSON, ...
+            except Exception as exc:  # CallError, StoreUnavailable, WatchBroken, bad JSON, ...
                 # List again rather than resume: the API server may have restarted, its storage
                 # wiped or restored, and resuming from a resourceVersion it no longer knows can
                 # be silent. The elector must see what is there now (a loss, rule 8).
                 version = None
                 failures += 1
-                delay = self._backoff(failures)
+                delay = backoff(failures, self._rng)
                 log(
                     logger,
                     "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
@@ -454,85 +511,6 @@ class KubernetesLeaseStore:
                 )
                 await asyncio.sleep(delay)
 
-    def _backoff(self, failures: int) -> float:
-        base = min(2.0, 0.05 * 2.0 ** (failures - 1))
-        return base * self._rng.uniform(0.5, 1.0)
-
-    async def _list(self) -> tuple[Any, str]:
-        coordination = await self._coordination()
-        try:
-            listed = await self.api.call(
-                "list lease",
-                lambda: coordination.list_namespaced_lease(
-                    self.namespace,
-                    field_selector=f"metadata.name={self.name}",
-                    _request_timeout=self.api.request_timeout,
-                ),
-            )
-        except CallError as error:
-            raise self._unavailable(error) from None
-        items = listed.items or []
-        return (items[0] if items else None), str(listed.metadata.resource_version)
-
-    async def _stream(self, version: str) -> AsyncIterator[tuple[str, Any, str]]:
-        """(event type, Lease or None, resourceVersion to resume from) per watch event."""
-        from kubernetes.aio import client
-
-        coordination = await self._coordination()
-        timeout = self.watch_timeout
-        response = await self.api.call(
-            "watch lease",
-            lambda: coordination.list_namespaced_lease_without_preload_content(
-                self.namespace,
-                field_selector=f"metadata.name={self.name}",
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                watch=True,
-                timeout_seconds=int(timeout),
-                _request_timeout=timeout + self.api.request_timeout,
-            ),
-        )
-        try:
-            if response.status == 410:
-                raise _Relist(f"HTTP 410 for resourceVersion {version}")
-            if response.status != 200:
-                body = await response.text()
-                if response.status == 403:
-                    self.api.log_forbidden("watch lease", body.strip()[:300])
-                raise _WatchBroken(f"watch answered HTTP {response.status}: {body.strip()[:300]}")
-            while True:
-                try:
-                    async with asyncio.timeout(timeout + self.api.request_timeout):
-                        line = await response.content.readline()
-                except TimeoutError:
-                    raise _WatchBroken("the watch stream went silent") from None
-                except Exception as exc:  # aiohttp payload/connection errors
-                    raise _WatchBroken(f"{type(exc).__name__}: {exc}") from exc
-                if not line:
-                    return  # the server ended the watch (timeoutSeconds): resume from version
-                event = json.loads(line)
-                kind = event.get("type")
-                raw = event.get("object") or {}
-                if kind == "ERROR":
-                    if raw.get("code") == 410:
-                        raise _Relist(str(raw.get("message")))
-                    raise _WatchBroken(f"watch ERROR event: {raw.get('message')}")
-                resume_at = str((raw.get("metadata") or {}).get("resourceVersion") or version)
-                version = resume_at
-                if kind == "BOOKMARK":
-                    yield kind, None, resume_at
-                    continue
-                yield kind, client.V1Lease.from_dict(raw), resume_at
-        finally:
-            response.release()
-
     async def close(self) -> None:
-        await self.api.close()
-
-
-class _Relist(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-class _WatchBroken(Exception):
-    """The watch failed in a way worth a reconnect with backoff."""
+        if self._owns_api:
+            await self.api.close()

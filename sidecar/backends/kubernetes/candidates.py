@@ -1,0 +1,218 @@
+"""The candidate registry of a group: one Lease, ``<group>-candidates``, one annotation per
+replica.
+
+Why one Lease with annotations rather than one Lease per replica: the chart's Role names every
+Lease the sidecar may touch, and replicas' names are not known at render time (a Lease per
+replica would need get/patch on every Lease in the namespace). One Lease per group has a name
+the chart knows, and ``kubectl get lease <group>-candidates -o yaml`` shows the whole group.
+
+Each replica writes only its own key, ``candidates.leader-sidecar.io/<hash of identity>``,
+with a JSON merge patch, so no resourceVersion precondition is needed: writers never touch each
+other's keys, and the API server applies each patch atomically to the latest object. A
+``null`` deletes the key (`leave`). The value is JSON with the `Candidate` fields and a random
+``version``, new on every beat: readers judge liveness by watching versions change (rule 2).
+
+Garbage collection (only that: never liveness) drops entries whose wall-clock ``beat`` is more
+than `GC_LEASES` leases old, in a merge patch conditional on the resourceVersion it was decided
+from, so a replica that beat in between keeps its entry. The API server caps all annotations of
+an object at 256 KiB together: about a thousand replicas per group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from datetime import datetime, timedelta
+from typing import Any
+
+from sidecar.backends.base import Candidate
+from sidecar.backends.kubernetes.client import CallError, KubeApi
+from sidecar.backends.kubernetes.watch import coordination, unavailable
+from sidecar.clock import SYSTEM_CLOCK, Clock
+
+MERGE_PATCH = "application/merge-patch+json"
+KEY_PREFIX = "candidates.leader-sidecar.io/"
+GC_LEASES = 20
+"""Entries not beaten for this many leases (wall clock) are removed."""
+
+
+def candidates_lease_name(group: str) -> str:
+    return f"{group}-candidates"
+
+
+def annotation_key(identity: str) -> str:
+    """A valid annotation name for any identity (at most 63 characters after the prefix)."""
+    return KEY_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def _time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) and text else None
+    except ValueError:
+        return None
+
+
+def encode(candidate: Candidate, version: str, beat_at: datetime) -> str:
+    started = candidate.started_at.isoformat() if candidate.started_at else None
+    return json.dumps(
+        {
+            "identity": candidate.identity,
+            "version": version,
+            "revision": candidate.revision,
+            "priority": candidate.priority,
+            "leaving": candidate.leaving,
+            "started_at": started,
+            "beat": beat_at.isoformat(),
+        },
+        separators=(",", ":"),
+    )
+
+
+def decode(value: str) -> Candidate | None:
+    """The candidate in one annotation, or None if it is not one of ours (hand-edited)."""
+    try:
+        raw = json.loads(value)
+        return Candidate(
+            identity=str(raw["identity"]),
+            version=str(raw["version"]),
+            revision=str(raw.get("revision") or ""),
+            priority=int(raw.get("priority") or 0),
+            leaving=bool(raw.get("leaving")),
+            started_at=_time(raw.get("started_at")),
+            beat_at=_time(raw.get("beat")),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class KubernetesCandidates:
+    """The candidates of ``group`` in the Lease ``<group>-candidates`` of ``namespace``."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        group: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        gc_every: float = 60.0,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.group = group
+        self.name = candidates_lease_name(group)
+        self._clock = clock
+        self._gc_every = gc_every  # monotonic seconds between garbage collections
+        self._last_gc = float("-inf")
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        """Write our own key only; create the Lease if the group has none yet."""
+        beat_at = self._clock.wall()
+        value = encode(candidate, secrets.token_hex(8), beat_at)
+        annotations = {annotation_key(candidate.identity): value}
+        try:
+            await self._merge("beat candidate", {"metadata": {"annotations": annotations}})
+        except CallError as error:
+            if error.status != 404:
+                raise unavailable(error, self.namespace) from None
+            await self._create(annotations)
+        if self._clock.now() - self._last_gc >= self._gc_every:
+            self._last_gc = self._clock.now()
+            await self._collect(beat_at - timedelta(seconds=GC_LEASES * duration))
+
+    async def list(self) -> list[Candidate]:
+        lease = await self._get()
+        found = []
+        for key, value in ((lease.metadata.annotations or {}) if lease else {}).items():
+            candidate = decode(value) if key.startswith(KEY_PREFIX) else None
+            if candidate is not None:
+                found.append(candidate)
+        return found
+
+    async def leave(self, identity: str) -> None:
+        patch = {"metadata": {"annotations": {annotation_key(identity): None}}}
+        try:
+            await self._merge("leave candidates", patch)
+        except CallError as error:
+            if error.status != 404:  # no registry: nothing to leave
+                raise unavailable(error, self.namespace) from None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _merge(self, op: str, patch: dict[str, Any]) -> Any:
+        """A merge patch of the candidates Lease. Raises CallError."""
+        leases = await coordination(self.api)
+        return await self.api.call(
+            op,
+            lambda: leases.patch_namespaced_lease(
+                self.name,
+                self.namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.api.request_timeout,
+            ),
+        )
+
+    async def _get(self) -> Any:
+        leases = await coordination(self.api)
+        try:
+            return await self.api.call(
+                "list candidates",
+                lambda: leases.read_namespaced_lease(
+                    self.name, self.namespace, _request_timeout=self.api.request_timeout
+                ),
+            )
+        except CallError as error:
+            if error.status == 404:
+                return None
+            raise unavailable(error, self.namespace) from None
+
+    async def _create(self, annotations: dict[str, str]) -> None:
+        """The first beat of the group. A 409 AlreadyExists: another replica was first, and
+        our key goes in with a patch after all."""
+        from kubernetes.aio import client
+
+        leases = await coordination(self.api)
+        body = client.V1Lease(
+            api_version="coordination.k8s.io/v1",
+            kind="Lease",
+            metadata=client.V1ObjectMeta(
+                name=self.name, namespace=self.namespace, annotations=annotations
+            ),
+            spec=client.V1LeaseSpec(),
+        )
+        try:
+            await self.api.call(
+                "create candidates",
+                lambda: leases.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=self.api.request_timeout
+                ),
+            )
+        except CallError as error:
+            if error.status != 409:
+                raise unavailable(error, self.namespace) from None
+            try:
+                await self._merge("beat candidate", {"metadata": {"annotations": annotations}})
+            except CallError as again:
+                raise unavailable(again, self.namespace) from None
+
+    async def _collect(self, older_than: datetime) -> None:
+        """Remove entries beaten before ``older_than`` (wall clock; garbage collection only).
+        Best effort: a lost race (409) or an error leaves them for the next round."""
+        lease = await self._get()
+        if lease is None:
+            return
+        stale: dict[str, None] = {}
+        for key, value in (lease.metadata.annotations or {}).items():
+            candidate = decode(value) if key.startswith(KEY_PREFIX) else None
+            beat_at = candidate.beat_at if candidate is not None else None
+            if beat_at is not None and beat_at.tzinfo is not None and beat_at < older_than:
+                stale[key] = None
+        if not stale:
+            return
+        metadata = {"resourceVersion": lease.metadata.resource_version, "annotations": stale}
+        try:
+            await self._merge("collect candidates", {"metadata": metadata})
+        except CallError:
+            return
