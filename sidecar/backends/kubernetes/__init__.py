@@ -68,12 +68,8 @@ def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
 
 def served_leases(config: Config) -> tuple[str, int]:
     """(group, number of Leases) this sidecar serves: ``--lease a,b`` times ``--shards N``,
-    group ``--group`` or the first lease. Read defensively: those flags arrive with issue 11's
-    configuration change; until then it is one lease, its own group."""
-    names = [name for name in config.lease.split(",") if name] or [config.lease]
-    shards = int(getattr(config, "shards", 0) or 0)
-    group = str(getattr(config, "group", "") or names[0])
-    return group, len(names) * max(1, shards)
+    group ``--group`` or the first lease."""
+    return config.candidate_group, len(config.lease_names)
 
 
 def open_kubernetes_client(config: Config) -> KubernetesStoreClient:
