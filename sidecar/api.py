@@ -260,11 +260,7 @@ async def post_release(request: web.Request) -> web.Response:
     name = body.get("lease")
     if name is not None and leases.get(name) is None:
         return _error(404, "no such lease here; GET /leases lists this sidecar's leases")
-    targets = [leases.get(name)] if name is not None else list(leases.electors.values())
-    released = False
-    for elector in targets:
-        assert elector is not None
-        released = await elector.release_from_any_loop("released") or released
+    released = await leases.release(name)
     if len(leases.electors) == 1:
         result: dict[str, Any] = {"released": released, **leases.primary.status().to_json()}
     else:

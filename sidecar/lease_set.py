@@ -291,6 +291,23 @@ class LeaseSet:
         log(logger, "info", "transferred", leases=handed, to=successor or "anyone")
         return handed, successor
 
+    async def release(self, lease: str | None) -> bool:
+        """``POST /leader/release``: step down from ``lease`` (None: every lease held). With
+        several leases each goes to the best successor at once, so that a shard is not left
+        without a leader while every other replica is at its share."""
+        return await on_loop(self._loop, self._release(lease))
+
+    async def _release(self, lease: str | None) -> bool:
+        names = [lease] if lease is not None else self.held()
+        if len(self.electors) == 1:
+            return await self.primary.release("released")
+        successors = self._successors(names)
+        results = [
+            await self.electors[name].release("released", successor=successors.get(name))
+            for name in names
+        ]
+        return any(results)
+
     async def shutdown(self, reason: str, budget: float) -> bool:
         """Leave: mark this replica leaving, hand every lease it holds to the best successor
         (a replica of the newer revision in a rolling update), remove its record."""

@@ -90,7 +90,7 @@ async def test_leases_lists_every_lease_and_long_polls_over_the_whole_set(
     async with await client_for(create_public_app(a, CollectorRegistry(), lambda: True)) as c:
         first = await c.get("/leases")
         body = await first.json()
-        assert [l["lease"] for l in body["leases"]] == NAMES
+        assert [entry["lease"] for entry in body["leases"]] == NAMES
         assert body["held"] == 2
         assert {x["identity"] for x in body["candidates"]} == {
             "a_0000",

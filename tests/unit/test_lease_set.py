@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends.base import Candidate
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet, TransferRefused
@@ -154,6 +155,32 @@ async def test_a_new_replica_takes_its_share_and_never_more(cluster_of) -> None:
     assert cluster.violations == []
 
 
+async def test_a_replica_never_takes_more_than_its_share(cluster_of) -> None:
+    """Another live candidate (here one that takes nothing) halves the share: the first
+    replica takes 4 of 8 leases and leaves the rest free, rather than taking all and handing
+    half back later."""
+    cluster = cluster_of(8)
+    other = MemoryStoreClient(cluster.server).candidates("jobs")
+
+    async def beat_forever() -> None:
+        while True:
+            await other.beat(Candidate("idle_0000", ""), TIMING.lease_duration)
+            await asyncio.sleep(TIMING.renew_interval)
+
+    beating = asyncio.create_task(beat_forever())
+    try:
+        a = await cluster.start("a")
+        await cluster.until(lambda: cluster.held() == {"a": 4}, 3, "a holds its share")
+        most = 4
+        for _ in range(int(4 * TIMING.lease_duration / 0.01)):
+            most = max(most, len(a.held()))
+            await asyncio.sleep(0.01)
+        assert most == 4
+    finally:
+        beating.cancel()
+    assert cluster.violations == []
+
+
 async def test_a_dead_replicas_leases_are_taken_within_about_a_lease(cluster_of) -> None:
     cluster = cluster_of(9)
     for name in "abc":
@@ -194,7 +221,7 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(cluster_of) -> Non
     cluster = cluster_of(1)
     await cluster.start("old-a", revision="v1")
     await cluster.until(lambda: cluster.held() == {"old-a": 1}, 3, "old-a leads")
-    new = await cluster.start("new-a", revision="v2")
+    await cluster.start("new-a", revision="v2")
     await asyncio.sleep(0.01)
     # An old replica that (re)started after the new one: the newest start is not the answer.
     old_b = await cluster.start("old-b", revision="v1")
