@@ -325,8 +325,6 @@ class LeaseSet:
         (a replica of the newer revision in a rolling update), remove its record."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        if self.beat is not None:
-            await self.beat.leave(min(0.2, budget / 4))
         successors = self._successors(self.held())
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
@@ -337,9 +335,15 @@ class LeaseSet:
                     reason, timeout=remaining, successor=successors.get(name)
                 )
 
-        results = await asyncio.gather(
-            *(one(name) for name in self.electors), return_exceptions=True
+        # The hand-over goes first (it is what the successor waits for); "leaving" goes out
+        # beside it, so that no other replica hands this one a lease meanwhile.
+        leaving = (
+            [asyncio.create_task(self.beat.leave(min(0.2, budget / 4)))] if self.beat else []
         )
+        results = await asyncio.gather(
+            *(one(name) for name in self.held()), return_exceptions=True
+        )
+        await asyncio.gather(*leaving, return_exceptions=True)
         if self.beat is not None:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
         return any(r is True for r in results)
