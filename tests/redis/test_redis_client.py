@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sidecar.backends.base import Candidate, LeaseRecord
-from sidecar.backends.redis import RedisStoreClient, candidates_key, parse_target
+from sidecar.backends.base import Candidate, LeaseRecord, StoreUnavailable
+from sidecar.backends.redis import RedisStoreClient, candidates_key, lease_keys, parse_target
 from tests.redis.servers import RedisServer
 from tests.redis.test_redis_store import documented_acl
 
@@ -127,6 +127,45 @@ async def test_a_watch_that_ends_unsubscribes_its_channel_and_the_last_closes_th
             assert int(str(subscriber["sub"])) == 2
         await asyncio.sleep(0.3)
         assert [c for c in connections_of(server, NAME) if int(str(c["sub"])) > 0] == []
+
+
+async def test_a_foreign_value_in_one_lease_does_not_restart_every_other_leases_count(
+    server: RedisServer,
+) -> None:
+    """The epoch is the client's: a key something else wrote (a failure on every read of that
+    lease) says nothing about lost writes, and must not give every other lease a new version
+    on every retry, or no follower would ever see one unchanged for a lease."""
+    bad_holder, _, _ = lease_keys("bad")
+    with server.client() as admin:
+        admin.set(bad_holder, "not json")
+    async with client_of(server.url) as client:
+        good = client.lease("good")
+        granted = await good.try_acquire("a_1", 30.0, 0, expected=None)
+        for _ in range(3):
+            with pytest.raises(StoreUnavailable, match="something else writes"):
+                await client.lease("bad").read()
+            seen = await good.read()
+            assert seen is not None
+            assert seen.version == granted.version
+
+
+async def test_an_outage_starts_one_new_epoch_not_one_per_failed_request(
+    server: RedisServer,
+) -> None:
+    async with client_of(server.url, request_timeout=0.3) as client:
+        before = await client.lease("x").try_acquire("a_1", 30.0, 0, expected=None)
+        server.pause()
+        try:
+            for name in ("x", "y", "x"):
+                with pytest.raises(StoreUnavailable):
+                    await client.lease(name).read()
+        finally:
+            server.resume()
+        after = await client.lease("x").read()
+        assert after is not None
+        _, _, epoch_before = before.version.rpartition("~")
+        _, _, epoch_after = after.version.rpartition("~")
+        assert int(epoch_after) == int(epoch_before) + 1
 
 
 # -- candidates -----------------------------------------------------------------------------

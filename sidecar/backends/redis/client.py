@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
-from sidecar.backends.redis.errors import explain
+from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
 from sidecar.backends.redis.scripts import ACQUIRE, BEAT, READ, RELEASE, RENEW
 from sidecar.backends.redis.sentinel import follow_sentinels
@@ -95,6 +95,7 @@ class RedisStoreClient:
         # about the server holds for all of them.
         self.epoch = 0
         self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self._answered = True  # the last request got an answer (see `guarded`)
         self.hub = ChannelHub(self)
         self._sentinels: asyncio.Task[None] | None = None
 
@@ -218,8 +219,17 @@ class RedisStoreClient:
         except StoreError:
             raise
         except Exception as exc:  # redis-py, the socket, TLS, a foreign value in our key
-            self.epoch += 1  # the server may have restarted and lost writes
+            # The server may have restarted and lost writes: a new epoch. Once per outage
+            # (the first failure after an answer), and never for a foreign value in one key:
+            # the epoch is every lease's, and a thousand leases' requests failing one after
+            # another must not keep restarting every follower's count (no takeover, ever).
+            # Safe: between two failures without an answer, no request observed anything, and
+            # the pub/sub hub bumps the epoch itself on every reconnection.
+            if self._answered and not is_foreign_value(exc):
+                self.epoch += 1
+                self._answered = False
             raise self.unavailable(exc, key) from exc
+        self._answered = True
         if self._failing is not None:
             log(logger, "info", "redis answers again", store=self.where())
             self._failing = None
