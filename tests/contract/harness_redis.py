@@ -6,24 +6,29 @@ import contextlib
 import tempfile
 from pathlib import Path
 
-from sidecar.backends.redis import RedisLeaseStore, parse_target
+from sidecar.backends.redis import RedisLease, RedisStoreClient, parse_target
 from tests.contract.harness import HarnessIterator
 from tests.redis.servers import RedisServer
 
 
 class RedisHarness:
+    lease_name = "contract"
+
     def __init__(self, server: RedisServer) -> None:
         self.server = server
-        self.stores: list[RedisLeaseStore] = []
+        self.clients: list[RedisStoreClient] = []
 
-    def new_store(self) -> RedisLeaseStore:
-        store = RedisLeaseStore(parse_target(self.server.url), "contract", request_timeout=5.0)
-        self.stores.append(store)
-        return store
+    def new_store(self) -> RedisLease:
+        """A replica with one lease: the lease on a client of its own, as the sidecar has."""
+        return self.new_client().lease(self.lease_name)
+
+    def new_client(self) -> RedisStoreClient:
+        client = RedisStoreClient(parse_target(self.server.url), request_timeout=5.0)
+        self.clients.append(client)
+        return client
 
     async def reset(self) -> None:
-        store = self.new_store()
-        await store.delete_everything()
+        await self.new_client().lease(self.lease_name).delete_everything()
 
 
 @contextlib.asynccontextmanager
@@ -34,8 +39,8 @@ async def redis_harness() -> HarnessIterator:
         try:
             yield harness
         finally:
-            for store in harness.stores:
-                await store.close()
+            for client in harness.clients:
+                await client.close()
             server.stop()
 
 

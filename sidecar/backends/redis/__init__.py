@@ -3,13 +3,15 @@
 Layout, for lease ``NAME`` (the ``{NAME}`` hash tag puts every key in one cluster slot):
 
 * ``leader-sidecar:{NAME}:holder`` — JSON ``{"holder", "term", "duration_ms", "version",
-  "acquired_at", "renewed_at"}``, or ``{"term", "released": true, "version"}`` after a release.
-  Its ``PX`` TTL (20 leases, at least a minute) is garbage collection only: followers treat the
-  lease as expired after seeing one version unchanged for a lease on their own clock (rule 2),
-  so a step of the Redis host's clock can neither free nor prolong a lease.
+  "acquired_at", "renewed_at"}``, or ``{"term", "released": true, "version", "successor"?}``
+  after a release. Its ``PX`` TTL (20 leases, at least a minute) is garbage collection only:
+  followers treat the lease as expired after seeing one version unchanged for a lease on
+  their own clock (rule 2), so a step of the Redis host's clock can neither free nor prolong
+  a lease.
 * ``leader-sidecar:{NAME}:term`` — the fencing counter, no TTL, kept on release (rule 5).
 * ``leader-sidecar:{NAME}:events`` — pub/sub channel; every grant, renewal and release
   publishes the new value, so followers see each version at once instead of polling.
+* ``leader-sidecar:candidates:{GROUP}`` — a hash of the group's candidates (`candidates`).
 
 Each ownership-dependent step is one Lua script (rule 1), so the condition and the write are
 atomic at the server. With ``min_replicas`` a grant or renewal counts only after ``WAIT``
@@ -18,36 +20,58 @@ closed). Every Redis or socket error becomes `StoreUnavailable` with a message n
 cause; every request is bounded by the request timeout, and redis-py retries nothing but one
 immediate reconnect (the elector retries, against its deadline).
 
+A `RedisStoreClient` serves every lease of a sidecar: one connection pool (at most
+``MAX_CONNECTIONS`` requests at once), one pub/sub connection for all watched leases, one
+epoch, one Sentinel follower.
+
 * `target` — the ``--store`` URL and the ``--redis-*`` flags, checked at start-up.
 * `scripts` — the keys, the Lua scripts, and the records their replies decode to.
-* `store` — the lease store: connections, the contract's requests, ``WAIT``, the watch.
+* `client` — the shared connections, epoch, Sentinel following and error reporting.
+* `hub` — the one pub/sub connection, fanned out to the watches.
+* `store` — one lease: the contract's requests, ``WAIT``, the watch.
+* `candidates` — the candidate registry of a group.
 * `sentinel` — following the Sentinels' ``+switch-master``.
 * `errors` — one actionable line for every Redis, socket or TLS error.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.redis.scripts import lease_keys
-from sidecar.backends.redis.store import RedisLeaseStore
+from sidecar.backends.redis.client import RedisStoreClient
+from sidecar.backends.redis.scripts import candidates_key, lease_keys
+from sidecar.backends.redis.store import RedisLease, RedisLeaseStore
 from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target
 
 if TYPE_CHECKING:
     from sidecar.config import Config
 
 __all__ = [
+    "RedisLease",
     "RedisLeaseStore",
+    "RedisStoreClient",
     "RedisTarget",
+    "candidates_key",
     "check_tls_files",
     "lease_keys",
+    "open_redis_client",
     "open_redis_store",
     "parse_target",
 ]
 
 
+def open_redis_client(config: Config) -> RedisStoreClient:
+    """The client for ``--store redis://…``, ``rediss://…`` or ``redis+sentinel://…``, shared
+    by every lease of the sidecar."""
+    return RedisStoreClient(_target(config), **_options(config))
+
+
 def open_redis_store(config: Config) -> RedisLeaseStore:
-    """The store for ``--store redis://…``, ``rediss://…`` or ``redis+sentinel://…``."""
+    """The store of ``--lease`` alone, on a client of its own."""
+    return RedisLeaseStore(_target(config), config.lease, **_options(config))
+
+
+def _target(config: Config) -> RedisTarget:
     target = parse_target(
         config.store,
         username=config.redis_username,
@@ -58,10 +82,12 @@ def open_redis_store(config: Config) -> RedisLeaseStore:
         key_file=config.redis_key_file,
     )
     check_tls_files(target)
-    return RedisLeaseStore(
-        target,
-        config.lease,
-        request_timeout=config.timing.request_timeout,
-        min_replicas=config.redis_min_replicas,
-        client_name=f"leader-sidecar:{config.identity}",
-    )
+    return target
+
+
+def _options(config: Config) -> dict[str, Any]:
+    return {
+        "request_timeout": config.timing.request_timeout,
+        "min_replicas": config.redis_min_replicas,
+        "client_name": f"leader-sidecar:{config.identity}",
+    }

@@ -73,14 +73,20 @@ def explain(
         )
     if isinstance(exc, ResponseError) and text.startswith("NOREPLICAS"):
         return "warning", f"too few replicas for the server's min-replicas-to-write ({text})"
-    if isinstance(exc, ValueError | KeyError | TypeError) or (
-        isinstance(exc, ResponseError) and "user_script" in text  # cjson in our scripts
-    ):
+    if is_foreign_value(exc):
         return "error", (
             f"unexpected value in {holder_key} ({type(exc).__name__}: {text}); "
             "something else writes to this key"
         )
     return "warning", f"{type(exc).__name__}: {text}"
+
+
+def is_foreign_value(exc: BaseException) -> bool:
+    """A value in our keys that is not ours (our decoding, or cjson in our scripts, failed):
+    an answer about the data, not a sign that the server lost anything."""
+    return isinstance(exc, ValueError | KeyError | TypeError) or (
+        isinstance(exc, ResponseError) and "user_script" in str(exc)
+    )
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:

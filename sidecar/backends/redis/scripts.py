@@ -18,6 +18,13 @@ def lease_keys(lease: str) -> tuple[str, str, str]:
     return f"{base}:holder", f"{base}:term", f"{base}:events"
 
 
+def candidates_key(group: str) -> str:
+    """The hash of a candidate group: one field per identity. Under ``candidates:``, so no
+    group name can ever name a lease's keys; the ``{GROUP}`` hash tag, like a lease's, keeps
+    everything about one name in one cluster slot."""
+    return f"{KEY_PREFIX}:candidates:{{{group}}}"
+
+
 # -- the scripts: one per ownership-dependent step (rule 1) -----------------------------------
 # Every script answers the same shape, so one function turns any reply into a record:
 #   {granted (1|0), holder value (JSON string) | nil, term counter | nil}
@@ -25,12 +32,13 @@ def lease_keys(lease: str) -> tuple[str, str, str]:
 # exact up to 2^53 grants, and cjson writes them exactly up to 10^14.
 #
 # The holder value is JSON {holder, term, duration_ms, version, acquired_at, renewed_at},
-# or {holder: null, term, released: true, version} after a release. Its PX TTL is garbage
-# collection only (`gc_ms`, many leases long): expiry is observed by the followers (rule 2),
-# never read from the TTL, so a step of the Redis host's clock cannot grant the lease. A key
-# that vanished anyway (the clock stepped past its TTL, a restart without persistence) is not
-# "free": with a counter left it reads as a record with no holder, not released, of version
-# "absent.<counter>", which followers wait out like any other; the holder puts it back.
+# or {holder: null, term, released: true, version, successor?} after a release. Its PX TTL
+# is garbage collection only (`gc_ms`, many leases long): expiry is observed by the followers
+# (rule 2), never read from the TTL, so a step of the Redis host's clock cannot grant the
+# lease. A key that vanished anyway (the clock stepped past its TTL, a restart without
+# persistence) is not "free": with a counter left it reads as a record with no holder, not
+# released, of version "absent.<counter>", which followers wait out like any other; the
+# holder puts it back.
 # `version` is a random token from the client, new on every write.
 #
 # The version of what the store holds, as the scripts compare it:
@@ -119,9 +127,12 @@ return {1, value, counter}
 # Release.
 # KEYS[1] holder key, KEYS[2] term counter.
 # ARGV[1] identity, ARGV[2] term, ARGV[3] event channel, ARGV[4] '1' to publish, '0' not to,
-# ARGV[5] the new version, ARGV[6] the key's GC TTL in ms.
+# ARGV[5] the new version, ARGV[6] the key's GC TTL in ms, ARGV[7] the successor the holder
+# hands the lease to ('' for none).
 # Only while the key holds this identity AND this term: replaces it with a released record
-# (the term stays, here and in the counter), so followers may take it at once.
+# (the term stays, here and in the counter), so followers may take it at once. The successor
+# rides on the released record only (a preference; the record is free for anyone); every
+# grant writes a fresh value without it, which clears it.
 # Returns {1, released value, counter} or {0, current value | nil, counter | nil}.
 RELEASE = """
 local current = redis.call('GET', KEYS[1])
@@ -129,8 +140,10 @@ local counter = redis.call('GET', KEYS[2])
 if current then
   local held = cjson.decode(current)
   if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+    local successor = nil
+    if ARGV[7] ~= '' then successor = ARGV[7] end
     local value = cjson.encode({term = held.term, released = true, version = ARGV[5],
-                                duration_ms = held.duration_ms})
+                                duration_ms = held.duration_ms, successor = successor})
     redis.call('SET', KEYS[1], value, 'PX', ARGV[6])
     if ARGV[4] == '1' then
       redis.call('PUBLISH', ARGV[3], value)
@@ -148,6 +161,38 @@ return {0, current, counter}
 # any Redis since 3.0 — managed services still run 6.x. We only ever talk to the primary.)
 READ = """
 return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+
+
+# Beat (a candidate's heartbeat), with the group's garbage collection.
+# KEYS[1] the group's hash. ARGV[1] identity, ARGV[2] its record (JSON with `gc_at_ms`: the
+# writer's wall time in ms after which the record is garbage), ARGV[3] the writer's wall time
+# in ms now.
+# Writes the record, drops every record whose `gc_at_ms` has passed by the writer's clock, and
+# keeps the hash (PEXPIRE) as long as its longest-lived record. Wall clocks here are garbage
+# collection only, as for the holder key: readers judge liveness by watching versions (rule
+# 2); a skewed clock can at worst drop a live record until its next beat. Values that are not
+# ours are left alone (the hash's own TTL still collects them).
+# Returns the number of records dropped.
+BEAT = """
+local now = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local fields = redis.call('HGETALL', KEYS[1])
+local last, dropped = 0, 0
+for i = 1, #fields, 2 do
+  local ok, record = pcall(cjson.decode, fields[i + 1])
+  local gc_at = ok and type(record) == 'table' and tonumber(record.gc_at_ms) or nil
+  if gc_at and gc_at <= now then
+    redis.call('HDEL', KEYS[1], fields[i])
+    dropped = dropped + 1
+  elseif gc_at and gc_at > last then
+    last = gc_at
+  end
+end
+if last > now then
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', last - now))
+end
+return dropped
 """
 
 
@@ -175,12 +220,14 @@ def value_record(payload: str) -> LeaseRecord:
     data = json.loads(payload)
     released = bool(data.get("released"))
     holder = data.get("holder")
+    successor = data.get("successor") if released else None
     return LeaseRecord(
         holder=None if released or holder is None else str(holder),
         term=int(data["term"]),
         duration=float(data.get("duration_ms") or 0) / 1000,
         version=_lua_tostring(data.get("version")),
         released=released,
+        successor=None if successor is None else str(successor),
         acquired_at=_wall(data.get("acquired_at")),
         renewed_at=_wall(data.get("renewed_at")),
     )

@@ -1,0 +1,97 @@
+"""The candidates of one group in Redis: one hash, ``leader-sidecar:candidates:{GROUP}``, a
+field per identity whose value is JSON ``{"version", "revision", "priority", "leaving",
+"started_at", "beat_at", "gc_at_ms"}`` (readable with ``redis-cli HGETALL``).
+
+Every beat writes a new random version; readers judge liveness from versions on their own
+clock (rule 2). ``beat_at`` and ``gc_at_ms`` are wall time, for humans and for the garbage
+collection in the `BEAT` script (20 leases without a beat, at least a minute)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sidecar.backends.base import Candidate
+from sidecar.backends.redis.client import ms, new_version
+from sidecar.backends.redis.scripts import candidates_key
+
+if TYPE_CHECKING:
+    from sidecar.backends.redis.client import RedisStoreClient
+
+
+class RedisCandidates:
+    # A record not written for this many leases (at least GC_MIN seconds) is garbage.
+    GC_LEASES = 20
+    GC_MIN = 60.0
+
+    def __init__(self, client: RedisStoreClient, group: str) -> None:
+        self.client = client
+        self.group = group
+        self._key = candidates_key(group)
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        wall = self.client.clock.wall()
+        now_ms = ms(wall.timestamp())
+        value = json.dumps(
+            {
+                "version": new_version(),
+                "revision": candidate.revision,
+                "priority": candidate.priority,
+                "leaving": candidate.leaving,
+                "started_at": _iso(candidate.started_at),
+                "beat_at": wall.isoformat(),
+                "gc_at_ms": now_ms + ms(max(self.GC_MIN, self.GC_LEASES * duration)),
+            },
+            separators=(",", ":"),
+        )
+
+        async def work() -> None:
+            async with self.client.borrowed() as conn:
+                args: list[str | int] = [candidate.identity, value, now_ms]
+                await self.client.beat_script(keys=[self._key], args=args, client=conn)
+
+        await self.client.guarded(work, self._key)
+
+    async def list(self) -> list[Candidate]:
+        async def work() -> list[Candidate]:
+            async with self.client.borrowed() as conn:
+                fields = await conn.hgetall(self._key)
+            # A value that is not ours raises here: unavailability naming the key.
+            return [
+                _candidate(str(identity), json.loads(value)) for identity, value in fields.items()
+            ]
+
+        return await self.client.guarded(work, self._key)
+
+    async def leave(self, identity: str) -> None:
+        async def work() -> None:
+            async with self.client.borrowed() as conn:
+                await conn.hdel(self._key, identity)
+
+        await self.client.guarded(work, self._key)
+
+
+def _candidate(identity: str, data: dict[str, Any]) -> Candidate:
+    return Candidate(
+        identity=identity,
+        version=str(data["version"]),
+        revision=str(data.get("revision") or ""),
+        priority=int(data.get("priority") or 0),
+        leaving=bool(data.get("leaving")),
+        started_at=_wall(data.get("started_at")),
+        beat_at=_wall(data.get("beat_at")),
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _wall(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None

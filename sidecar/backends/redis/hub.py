@@ -1,0 +1,159 @@
+"""One pub/sub connection for every watched lease of a client, fanning messages out to the
+watches: a thousand leases must not mean a thousand subscriber connections.
+
+The hub task alone touches the connection: watches `join` and `leave` by channel, and the
+task (un)subscribes between short polls. A watch learns two things from its `Mailbox`: the
+newest message on its channel, or that its channel was (re)subscribed — confirmed by the
+server — after which it reads the record, so nothing published while it was not subscribed
+is missed. Each server confirmation of a channel already confirmed on this connection means
+redis-py reconnected it on its own; like any reconnection, that bumps the client's epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis.asyncio.client import PubSub
+
+    from sidecar.backends.redis.client import RedisStoreClient
+
+# A key a foreign value could be in, for the hub's error messages: it reads no key itself.
+_NO_KEY = "the leases' event channels"
+
+
+class Mailbox:
+    """One watch's view of its channel. Holds only the newest message (coalescing is allowed:
+    each message is a whole record) and whether the channel was (re)subscribed since the
+    watch last looked — a re-read then supersedes any message that came before it."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self._resubscribed = False
+        self._message: str | None = None
+        self._ready = asyncio.Event()
+
+    def subscribed(self) -> None:
+        self._resubscribed = True
+        self._message = None
+        self._ready.set()
+
+    def deliver(self, payload: str) -> None:
+        if not self._resubscribed:
+            self._message = payload
+        self._ready.set()
+
+    async def next(self) -> tuple[bool, str | None]:
+        """(re-read needed, newest message): waits until there is something."""
+        await self._ready.wait()
+        self._ready.clear()
+        taken = (self._resubscribed, self._message)
+        self._resubscribed, self._message = False, None
+        return taken
+
+
+class ChannelHub:
+    # How long the hub waits for a message before it looks at joins, leaves and a Sentinel
+    # master switch: also the longest a new watch waits before it is subscribed.
+    POLL = 0.05
+
+    def __init__(self, client: RedisStoreClient) -> None:
+        self._client = client
+        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._confirmed: set[str] = set()  # channels the server confirmed on this connection
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connections = 0  # pub/sub connections opened so far (for tests and logs)
+
+    def join(self, channel: str) -> Mailbox:
+        mailbox = Mailbox(channel)
+        self._mailboxes.setdefault(channel, set()).add(mailbox)
+        if channel in self._confirmed:
+            mailbox.subscribed()  # already subscribed here: read now
+        self._wake.set()
+        if self._task is None:
+            self._client.follow_sentinels()
+            self._task = asyncio.create_task(self._run(), name="redis-pubsub")
+        return mailbox
+
+    def leave(self, mailbox: Mailbox) -> None:
+        watchers = self._mailboxes.get(mailbox.channel)
+        if watchers is not None:
+            watchers.discard(mailbox)
+            if not watchers:
+                del self._mailboxes[mailbox.channel]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        """Keep one subscription to every watched channel until cancelled; never raises."""
+        backoff = self._client.WATCH_BACKOFF
+        delay = backoff[0]
+        while True:
+            if not self._mailboxes:  # nobody watches: no connection either
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            pubsub: PubSub = self._client.redis.pubsub()
+            self.connections += 1
+            try:
+                await self._serve(pubsub)
+                delay = backoff[0]
+            except Exception as exc:  # never raise: the watches rely on the hub
+                self._client.epoch += 1  # the server may have restarted and lost writes
+                self._client.unavailable(exc, _NO_KEY)  # logs once per distinct problem
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, backoff[1])
+            finally:
+                self._confirmed = set()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+
+    async def _serve(self, pubsub: PubSub) -> None:
+        """One connection's life: until it fails, the Sentinels switch master (then the
+        caller opens a new one there), or nobody watches any more."""
+        client = self._client
+        generation = client.master_generation
+        sent: set[str] = set()
+        while generation == client.master_generation and self._mailboxes:
+            await self._sync(pubsub, sent)
+            message = await pubsub.get_message(timeout=self.POLL)
+            if message is None:
+                continue
+            kind, channel = message.get("type"), message.get("channel")
+            if kind == "subscribe":
+                if channel in self._confirmed:
+                    # redis-py reconnected and resubscribed by itself (`PubSub.on_connect`):
+                    # messages may have been missed, and the server may have lost writes.
+                    client.epoch += 1
+                    self._confirmed.clear()
+                self._confirmed.add(channel)
+                for mailbox in self._mailboxes.get(channel, ()):
+                    mailbox.subscribed()
+            elif kind == "unsubscribe":
+                self._confirmed.discard(channel)
+            elif kind == "message":
+                for mailbox in self._mailboxes.get(channel, ()):
+                    mailbox.deliver(message["data"])
+
+    async def _sync(self, pubsub: PubSub, sent: set[str]) -> None:
+        """Subscribe the channels watches joined, unsubscribe those nobody watches: one
+        command each way, however many channels. The confirmations arrive as messages."""
+        wanted = set(self._mailboxes)
+        timeout = self._client.request_timeout
+        new = wanted - sent
+        if new:
+            await asyncio.wait_for(pubsub.subscribe(*sorted(new)), timeout)
+            sent |= new
+        gone = sent - wanted
+        if gone:
+            await asyncio.wait_for(pubsub.unsubscribe(*sorted(gone)), timeout)
+            sent -= gone
+            self._confirmed -= gone
