@@ -80,6 +80,10 @@ async def test_one_client_watches_a_hundred_leases_and_each_watch_sees_only_its_
         contexts.append(context)
         queues[name] = await context.__aenter__()
     try:
+        # Every watch connected (its first yield) before the write: the 2 s below is for the
+        # notification only, not for subscribing a hundred channels on a busy machine.
+        for name in names:
+            await asyncio.wait_for(queues[name].get(), timeout=20.0)
         target = names[57]
         granted = await take(writer.lease(target), "a_1")
         deadline = time.monotonic() + 2.0
