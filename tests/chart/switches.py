@@ -117,6 +117,16 @@ SWITCHES: dict[str, dict[str, Any]] = {
             "idleTimeout": "5s",
         },
     },
+    "shards": {
+        **EXAMPLE,
+        "lease": {
+            "names": ["jobs", "billing"],
+            "shards": 4,
+            "group": "workers",
+            "transferTimeout": "3s",
+        },
+        "priority": 10,
+    },
     "extras": {
         **EXAMPLE,
         "extraArgs": ["--log-level", "warning"],

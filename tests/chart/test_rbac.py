@@ -45,8 +45,10 @@ def needed(
 ) -> set[tuple[str, str, str, str, str]]:
     return {
         *(
-            (lease_namespace, *LEASES, verb, lease)
+            (lease_namespace, *LEASES, verb, name)
             for verb in ("get", "list", "watch", "update", "patch")
+            # The candidates of the group (by default named after the lease) live in a Lease.
+            for name in (lease, f"{lease}-candidates")
         ),
         # The group's candidates (one annotation per replica, merge-patched): read and patch.
         (lease_namespace, *LEASES, "get", f"{lease}-candidates"),

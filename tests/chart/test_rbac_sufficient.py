@@ -71,6 +71,9 @@ def render(helm: Helm, switch: str) -> Rendered:
         field = item["valueFrom"]["fieldRef"]["fieldPath"]
         if field == "metadata.namespace":
             env[item["name"]] = RELEASE_NAMESPACE
+        elif item["name"] == "LEADER_SIDECAR_REVISION":
+            assert field == "metadata.labels['pod-template-hash']", item
+            env[item["name"]] = "7d9c"
         else:
             assert (item["name"], field) == ("POD_NAME", "metadata.name"), item
     assert env["LEADER_SIDECAR_STORE"] == "kubernetes"

@@ -32,7 +32,11 @@ def example(manifests: list[Manifest]) -> Manifest:
 def environment(container: dict[str, Any]) -> dict[str, str]:
     """The container's environment as the sidecar would see it: Downward API and Secret values
     replaced by plausible ones."""
-    fake = {"metadata.name": "demo-leader-sidecar-example-7d9c-x2x4q", "metadata.namespace": "apps"}
+    fake = {
+        "metadata.name": "demo-leader-sidecar-example-7d9c-x2x4q",
+        "metadata.namespace": "apps",
+        "metadata.labels['pod-template-hash']": "7d9c",
+    }
     environ: dict[str, str] = {}
     for var in container["env"]:
         if "value" in var:
@@ -130,14 +134,32 @@ def test_probes_use_the_public_port_and_never_leadership(helm: Helm) -> None:
     }
 
 
-def test_pod_name_and_namespace_come_from_the_downward_api(helm: Helm) -> None:
-    container = sidecar(example(helm.template(values=SWITCHES["example"])))
-    refs = {
+def downward(container: dict[str, Any]) -> dict[str, str]:
+    return {
         var["name"]: var["valueFrom"]["fieldRef"]["fieldPath"]
         for var in container["env"]
         if "fieldRef" in var.get("valueFrom", {})
     }
-    assert refs == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_pod_name_namespace_and_revision_come_from_the_downward_api(helm: Helm) -> None:
+    """The revision is the Deployment's pod-template-hash label: new pods of a rollout differ."""
+    container = sidecar(example(helm.template(values=SWITCHES["example"])))
+    assert downward(container) == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "LEADER_SIDECAR_REVISION": "metadata.labels['pod-template-hash']",
+    }
+
+
+def test_the_revision_label_can_be_a_statefulsets_or_none(helm: Helm) -> None:
+    for label, expected in (
+        ("controller-revision-hash", "metadata.labels['controller-revision-hash']"),
+        ("", None),
+    ):
+        values = {**SWITCHES["example"], "revisionLabel": label}
+        container = sidecar(example(helm.template(values=values)))
+        assert downward(container).get("LEADER_SIDECAR_REVISION") == expected
 
 
 def test_native_sidecar_is_an_init_container_that_always_restarts(helm: Helm) -> None:
@@ -218,6 +240,7 @@ def test_timing_and_listeners_map_to_their_variables(helm: Helm) -> None:
         "LEADER_SIDECAR_LOG_FORMAT": "text",
         "LEADER_SIDECAR_LOG_LEVEL": "debug",
         "LEADER_SIDECAR_ROLE_LABEL_KEY": "leader-sidecar/role",
+        "LEADER_SIDECAR_REVISION": "7d9c",
     }
 
 

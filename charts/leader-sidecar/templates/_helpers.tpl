@@ -45,13 +45,66 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
-The group's candidates Lease (one annotation per replica: who is alive to take leases). The
-group is the first lease. TODO(issue 11): when values for several leases and shards exist
-(--lease a,b, --shards N, --group), add a leader-sidecar.leaseNames helper expanding them
-(each L into L-0..L-(N-1)) for the Role's resourceNames, and take the group from --group.
+The configured lease names, before shards: lease.names, else the one lease.name (or the
+release's full name). A JSON list: `include "leader-sidecar.leaseNames" . | fromJsonArray`.
 */}}
-{{- define "leader-sidecar.candidatesLeaseName" -}}
-{{- printf "%s-candidates" (include "leader-sidecar.leaseName" .) -}}
+{{- define "leader-sidecar.leaseNames" -}}
+{{- if .Values.lease.names -}}
+{{- toJson .Values.lease.names -}}
+{{- else -}}
+{{- list (include "leader-sidecar.leaseName" .) | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Every lease the sidecar runs, shards expanded as the sidecar's --shards expands them (each name
+in turn: <name>-0 … <name>-(N-1)). A JSON list.
+*/}}
+{{- define "leader-sidecar.leases" -}}
+{{- $names := include "leader-sidecar.leaseNames" . | fromJsonArray -}}
+{{- $shards := .Values.lease.shards | int -}}
+{{- if $shards -}}
+{{- /* Written out and split, not appended one by one: append copies the list every time,
+which makes 10,000 shards take seconds. */ -}}
+{{- $joined := include "leader-sidecar.shardsJoined" (dict "names" $names "shards" $shards) -}}
+{{- splitList "," $joined | toJson -}}
+{{- else -}}
+{{- toJson $names -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "leader-sidecar.shardsJoined" -}}
+{{- $shards := .shards -}}
+{{- range $k, $name := .names -}}
+{{- range $i := until $shards -}}
+{{- if or $k $i -}},{{- end -}}{{ $name }}-{{ $i }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the sidecar runs more than one lease (then it manages no role label). */}}
+{{- define "leader-sidecar.severalLeases" -}}
+{{- if gt (len (include "leader-sidecar.leases" . | fromJsonArray)) 1 -}}true{{- end -}}
+{{- end -}}
+
+{{/* --group: the candidates sharing the leases; default the first configured name, as the
+sidecar defaults it. Also the pods' leader-sidecar/lease label value (<= 63 characters). */}}
+{{- define "leader-sidecar.group" -}}
+{{- .Values.lease.group | default (first (include "leader-sidecar.leaseNames" . | fromJsonArray)) -}}
+{{- end -}}
+
+{{/* The Lease in which the kubernetes store keeps the group's candidate records (one
+annotation per replica, merge-patched; get and patch by name only). */}}
+{{- define "leader-sidecar.candidatesLease" -}}
+{{- printf "%s-candidates" (include "leader-sidecar.group" .) -}}
+{{- end -}}
+
+{{/*
+Every Lease object the kubernetes store reads and writes by name, for the Role's
+resourceNames: each lease (shards expanded) and the candidates Lease. A JSON list.
+*/}}
+{{- define "leader-sidecar.leaseResourceNames" -}}
+{{- append (include "leader-sidecar.leases" . | fromJsonArray) (include "leader-sidecar.candidatesLease" .) | toJson -}}
 {{- end -}}
 
 {{/* Namespace of the Lease object: the pods' namespace unless lease.namespace says otherwise. */}}
@@ -61,10 +114,11 @@ group is the first lease. TODO(issue 11): when values for several leases and sha
 
 {{/*
 leader-sidecar.podLabels: put these on your pod template's metadata.labels. They tie the pod
-to its lease group, which the leader Service, the metrics Service and the PodMonitor select.
+to its lease group (lease.group, by default the first lease name), which the leader Service,
+the metrics Service and the PodMonitor select.
 */}}
 {{- define "leader-sidecar.podLabels" -}}
-leader-sidecar/lease: {{ include "leader-sidecar.leaseName" . | quote }}
+leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 {{- end -}}
 
 {{/* Labels selecting the pods of the lease group (podSelector, else the podLabels). */}}

@@ -109,7 +109,30 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: LEADER_SIDECAR_STORE
   value: {{ include "leader-sidecar.storeURL" . | quote }}
 - name: LEADER_SIDECAR_LEASE
-  value: {{ include "leader-sidecar.leaseName" . | quote }}
+  value: {{ include "leader-sidecar.leaseNames" . | fromJsonArray | join "," | quote }}
+{{- with .Values.lease.shards }}
+- name: LEADER_SIDECAR_SHARDS
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.lease.group }}
+- name: LEADER_SIDECAR_GROUP
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.lease.transferTimeout }}
+- name: LEADER_SIDECAR_TRANSFER_TIMEOUT
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.priority }}
+- name: LEADER_SIDECAR_PRIORITY
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .Values.revisionLabel }}
+# A leader shutting down prefers a successor of another revision: the new pods of a rollout.
+- name: LEADER_SIDECAR_REVISION
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['{{ . }}']
+{{- end }}
 {{- with .Values.lease.namespace }}
 - name: LEADER_SIDECAR_NAMESPACE
   value: {{ . | quote }}

@@ -43,7 +43,23 @@ whether the chart is installed on its own or as a dependency.
 {{- end -}}
 {{- end -}}
 
-{{- if $v.leaderService.enabled -}}
+{{- if and $v.lease.name $v.lease.names -}}
+{{- fail "leader-sidecar: lease.name and lease.names are both set; use lease.names for several leases or lease.name for one, not both" -}}
+{{- end -}}
+
+{{- $names := include "leader-sidecar.leaseNames" . | fromJsonArray -}}
+{{- $total := mul (len $names) (max 1 ($v.lease.shards | int)) -}}
+{{- if gt $total 10000 -}}
+{{- fail (printf "leader-sidecar: lease.names (%d) times lease.shards (%v) makes %d leases; one sidecar runs at most 10000: use fewer shards or names, or split them over several releases" (len $names) $v.lease.shards $total) -}}
+{{- end -}}
+
+{{- $candidates := include "leader-sidecar.candidatesLease" . -}}
+{{- if and (eq $type "kubernetes") (has $candidates (include "leader-sidecar.leases" . | fromJsonArray)) -}}
+{{- fail (printf "leader-sidecar: the kubernetes store keeps the candidates in the Lease %s, which is also one of the leases; rename that lease or set lease.group to another name" $candidates) -}}
+{{- end -}}
+
+{{- $several := include "leader-sidecar.severalLeases" . -}}
+{{- if and $v.leaderService.enabled (not $several) -}}
 {{- if ne $type "kubernetes" -}}
 {{- fail (printf "leader-sidecar: leaderService.enabled selects pods by the role label, which only store.type=kubernetes sets; with store.type=%s set leaderService.enabled=false" $type) -}}
 {{- end -}}
