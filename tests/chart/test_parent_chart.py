@@ -115,8 +115,9 @@ def test_the_pod_runs_as_the_service_account_the_role_is_bound_to(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account, "namespace": "payments"}
     ]
-    lease_rule = one(rendered, "Role")["rules"][0]
-    assert lease_rule["resourceNames"] == ["payments-ledger", "payments-ledger-candidates"]
+    rules = one(rendered, "Role")["rules"]
+    assert rules[0]["resourceNames"] == ["payments-ledger"]
+    assert rules[1]["resourceNames"] == ["payments-ledger-candidates"]
 
 
 def test_the_leader_service_and_pod_monitor_select_the_apps_pods(

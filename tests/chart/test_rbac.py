@@ -47,8 +47,7 @@ def needed(
         *(
             (lease_namespace, *LEASES, verb, name)
             for verb in ("get", "list", "watch", "update", "patch")
-            # The candidates of the group (by default named after the lease) live in a Lease.
-            for name in (lease, f"{lease}-candidates")
+            for name in (lease,)
         ),
         # The group's candidates (one annotation per replica, merge-patched): read and patch.
         (lease_namespace, *LEASES, "get", f"{lease}-candidates"),

@@ -99,13 +99,6 @@ annotation per replica, merge-patched; get and patch by name only). */}}
 {{- printf "%s-candidates" (include "leader-sidecar.group" .) -}}
 {{- end -}}
 
-{{/*
-Every Lease object the kubernetes store reads and writes by name, for the Role's
-resourceNames: each lease (shards expanded) and the candidates Lease. A JSON list.
-*/}}
-{{- define "leader-sidecar.leaseResourceNames" -}}
-{{- append (include "leader-sidecar.leases" . | fromJsonArray) (include "leader-sidecar.candidatesLease" .) | toJson -}}
-{{- end -}}
 
 {{/* Namespace of the Lease object: the pods' namespace unless lease.namespace says otherwise. */}}
 {{- define "leader-sidecar.leaseNamespace" -}}
