@@ -484,13 +484,16 @@ class Elector:
 
     def _become_leader(self, record: LeaseRecord, sent: float) -> None:
         previous = self._last_other_holder
-        self._role = Role.LEADER
         self._term = record.term
-        self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
         self._last_renewal_sent = sent
         self._gap_alerted = False
         self._role_since = self._clock.wall()
+        self._role = Role.LEADER
         self._observe(record)
+        # Last: the listeners' thread reads `status()` without a lock, so "leader" turns true
+        # only once every other field is this reign's (a torn read once answered "leader" with
+        # the follower period's `since`; the sharded chaos run, seed 3303, saw it).
+        self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
         self.metrics.transition(Role.LEADER.value)
         log(
             logger,
@@ -521,8 +524,8 @@ class Elector:
             # The gap that ends in this demotion (a stall, a pause, a store that never
             # answered) is the one the half-lease alert exists for: count and report it first.
             self._check_growing_gap(self._clock.now())
+        self._valid_until = float("-inf")  # first: "leader" turns false before anything else
         self._role = Role.FOLLOWER
-        self._valid_until = float("-inf")
         self._role_since = self._clock.wall()
         self.metrics.transition(Role.FOLLOWER.value)
         self.metrics.demotion(reason)

@@ -89,6 +89,29 @@ async def test_a_lone_candidate_becomes_leader_with_term_one(world: World) -> No
     assert store_of(a).calls == {"acquire": 1}
 
 
+async def test_no_reader_sees_leader_with_the_previous_roles_fields(world: World) -> None:
+    """The listeners read `status()` from another thread, without a lock, at any moment of a
+    transition. Here a reader runs at the one call the transition makes in its middle (the
+    wall clock, for ``since``): it must not see ``leader`` true with the follower period's
+    ``since`` (the sharded chaos run, seed 3303, saw exactly that answer)."""
+    a = world.elector("a")
+    seen = []
+    wall = world.clock.wall
+
+    def wall_with_a_reader() -> object:
+        seen.append(a.status())
+        return wall()
+
+    world.clock.wall = wall_with_a_reader  # type: ignore[method-assign]
+    follower_since = a.status().since
+    world.clock.advance(1.0)
+    await a.step()
+    assert a.status().leader
+    assert seen, "no read happened inside the transition"
+    torn = [s for s in seen if s.leader and s.since == follower_since]
+    assert torn == []
+
+
 async def test_a_follower_schedules_its_next_attempt_at_the_observed_expiry(world: World) -> None:
     """Not a fixed poll, and not the store's idea of expiry: the next attempt is one lease
     after this follower first saw the holder's current version (rule 2)."""
