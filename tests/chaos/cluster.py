@@ -208,3 +208,12 @@ class Cluster:
         for _slot, proc in self.all_processes():
             await asyncio.to_thread(proc.stop)
         await self.store.stop()
+        self.keep_logs()
+
+    def keep_logs(self) -> None:
+        """Every process's log, one file per identity under ``logs/`` of the run's directory
+        (pytest keeps the last three runs' directories): what a failure is analysed from."""
+        logs = self.directory / "logs"
+        logs.mkdir(exist_ok=True)
+        for _slot, proc in self.all_processes():
+            (logs / f"{proc.identity or proc.name}.log").write_text("\n".join(proc.raw) + "\n")

@@ -54,6 +54,7 @@ class RunFacts:
     # A sharded run: every shard's fenced log, by lease (``fence_log`` is then unused).
     fence_logs: dict[str, list[FencedWrite]] = dataclasses.field(default_factory=dict)
     shards: int = 0
+    logs: str = ""  # where the run's sidecar logs are kept
 
     @property
     def leaderless_limit(self) -> float:
@@ -380,7 +381,7 @@ def report(facts: RunFacts, violations: list[Violation]) -> str:
         f"chaos {facts.store} {run}: {len(violations)} violation(s); replay with "
         f"CHAOS_SEED={facts.seed} python3 -m pytest tests/chaos -k '{selection}'"
     )
-    lines = [head]
+    lines = [head, f"sidecar logs: {facts.logs}"] if facts.logs else [head]
     for violation in violations[:40]:
         record = fault_at(facts.records, violation.at)
         during = (

@@ -142,6 +142,7 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         records=records,
         clocks={slot.name: slot.clock for slot in cluster.slots},
         procs=procs,
+        logs=str(tmp_path / "logs"),
     )
     violations = judge(facts)
     accepted = sum(w.counts.accepted for w in cluster.writers)
@@ -208,6 +209,7 @@ async def test_chaos_shards(store_name: str, tmp_path: Path, chaos_seed: int) ->
         procs=procs,
         fence_logs=fence_logs,
         shards=shards,
+        logs=str(tmp_path / "logs"),
     )
     violations = sorted(
         [*judge_sharded(facts, leases), *unled_after_settling(facts, leases, settled)],
