@@ -351,7 +351,7 @@ def create_local_app(
     """The localhost listener: the app's view, including ``POST /leader/release``."""
     app = _base_app(elector, limits, scrub)
     app.router.add_get("/leader", get_leader)
-    app.router.add_get("/leader/{lease}", get_named_leader)
+    app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)
     app.router.add_get("/events", get_events)
     app.router.add_post("/leader/release", post_release)
@@ -371,7 +371,7 @@ def create_public_app(
     app = _base_app(elector, limits, scrub)
     app[ELECTION_ALIVE] = election_alive
     app.router.add_get("/leader", get_leader)
-    app.router.add_get("/leader/{lease}", get_named_leader)
+    app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)
     app.router.add_get("/healthz", get_healthz)
     app.router.add_get("/readyz", get_readyz)

@@ -54,6 +54,7 @@ class LeaseSet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rebalance = asyncio.Event()
         self._stopping = False
+        self.aliases: dict[str, str] = {}  # the store's name -> the name users see
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -82,6 +83,7 @@ class LeaseSet:
         electors: dict[str, Elector] = {}
         lease_set = cls(electors, client=client, clock=clock)
         for name, shown in names:
+            lease_set.aliases[name] = shown
             electors[shown] = Elector(
                 client.lease(name),
                 timing,
@@ -115,7 +117,8 @@ class LeaseSet:
         return self.primary.identity
 
     def get(self, lease: str) -> Elector | None:
-        return self.electors.get(lease)
+        """By the name users see (``namespace/name`` on Kubernetes) or the bare name."""
+        return self.electors.get(lease) or self.electors.get(self.aliases.get(lease, ""))
 
     def statuses(self) -> list[LeaderStatus]:
         return [elector.status() for elector in self.electors.values()]
@@ -275,8 +278,11 @@ class LeaseSet:
         return await on_loop(self._loop, self._transfer(lease, to))
 
     async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
-        if lease is not None and lease not in self.electors:
-            raise TransferRefused(f"this sidecar has no lease {lease}")
+        if lease is not None:
+            elector = self.get(lease)
+            if elector is None:
+                raise TransferRefused("this sidecar has no such lease; GET /leases lists them")
+            lease = elector.lease
         successor = self.resolve(to)
         names = [lease] if lease is not None else self.held()
         names = [name for name in names if self.electors[name].is_leader()]
@@ -298,7 +304,13 @@ class LeaseSet:
         return await on_loop(self._loop, self._release(lease))
 
     async def _release(self, lease: str | None) -> bool:
-        names = [lease] if lease is not None else self.held()
+        if lease is None:
+            names = self.held()
+        else:
+            elector = self.get(lease)
+            if elector is None:
+                return False
+            names = [elector.lease]
         if len(self.electors) == 1:
             return await self.primary.release("released")
         successors = self._successors(names)
@@ -313,8 +325,6 @@ class LeaseSet:
         (a replica of the newer revision in a rolling update), remove its record."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        if self.beat is not None:
-            await self.beat.leave(min(0.2, budget / 4))
         successors = self._successors(self.held())
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
@@ -325,9 +335,11 @@ class LeaseSet:
                     reason, timeout=remaining, successor=successors.get(name)
                 )
 
-        results = await asyncio.gather(
-            *(one(name) for name in self.electors), return_exceptions=True
-        )
+        # The hand-over goes first (it is what the successor waits for); "leaving" goes out
+        # beside it, so that no other replica hands this one a lease meanwhile.
+        leaving = [asyncio.create_task(self.beat.leave(min(0.2, budget / 4)))] if self.beat else []
+        results = await asyncio.gather(*(one(name) for name in self.held()), return_exceptions=True)
+        await asyncio.gather(*leaving, return_exceptions=True)
         if self.beat is not None:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
         return any(r is True for r in results)

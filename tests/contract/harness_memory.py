@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import contextlib
 
-from sidecar.backends.memory import MemoryServer, MemoryStoreClient
-from sidecar.backends.memory import MemoryLeaseStore
+from sidecar.backends.memory import MemoryLeaseStore, MemoryServer, MemoryStoreClient
 from tests.contract.harness import HarnessIterator
 
 

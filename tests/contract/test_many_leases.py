@@ -21,7 +21,9 @@ async def test_a_release_can_name_a_successor_and_is_still_free_for_anyone(
         await asyncio.wait_for(seen.get(), timeout=5.0)
         released = await a.release("a_1", granted.term, successor="b_1")
         assert released is not None
-        assert released.free and released.successor == "b_1" and released.term == granted.term
+        assert released.free
+        assert released.successor == "b_1"
+        assert released.term == granted.term
         while True:  # the watch carries the successor to the others
             record = await asyncio.wait_for(seen.get(), timeout=1.0)
             if record is not None and record.free:
@@ -29,7 +31,8 @@ async def test_a_release_can_name_a_successor_and_is_still_free_for_anyone(
                 break
     # A preference only: the record is free, so someone else may take it too.
     taken = await c.try_acquire("c_1", LEASE, 0, expected=released.version)
-    assert taken.holder == "c_1" and taken.term == granted.term + 1
+    assert taken.holder == "c_1"
+    assert taken.term == granted.term + 1
     assert taken.successor is None  # a grant clears the hand-over
 
 
@@ -37,7 +40,9 @@ async def test_a_plain_release_names_no_successor(harness: StoreHarness) -> None
     a = harness.new_store()
     granted = await take(a, "a_1")
     released = await a.release("a_1", granted.term)
-    assert released is not None and released.free and released.successor is None
+    assert released is not None
+    assert released.free
+    assert released.successor is None
 
 
 async def test_leases_of_one_client_are_independent(harness: StoreHarness) -> None:
@@ -48,7 +53,9 @@ async def test_leases_of_one_client_are_independent(harness: StoreHarness) -> No
     assert [g.holder for g in grants] == [f"a_{i}" for i in range(10)]
     for name, grant in zip(names, grants, strict=True):
         seen = await other.lease(name).read()
-        assert seen is not None and seen.holder == grant.holder and seen.term == grant.term
+        assert seen is not None
+        assert seen.holder == grant.holder
+        assert seen.term == grant.term
     # Releasing one frees only that one.
     await one.lease(names[3]).release("a_3", grants[3].term)
     records = [await other.lease(name).read() for name in names]
@@ -104,11 +111,13 @@ async def test_candidates_beat_list_and_leave(harness: StoreHarness) -> None:
     assert set(listed) == {"a_1", "b_1"}
     a = listed["a_1"]
     assert (a.revision, a.priority, a.leaving, a.started_at) == ("rev-a", 3, False, started)
-    assert a.version and a.beat_at is not None
+    assert a.version
+    assert a.beat_at is not None
     # Every beat is a new version (liveness is observed from versions, rule 2).
     await mine.beat(Candidate("a_1", "", "rev-a", 3, True, started), LEASE)
     again = {c.identity: c for c in await theirs.list()}["a_1"]
-    assert again.version != a.version and again.leaving
+    assert again.version != a.version
+    assert again.leaving
     # Another group is another registry.
     assert await other.candidates(f"{harness.lease_name}-elsewhere").list() == []
     await mine.leave("a_1")
