@@ -1,6 +1,10 @@
 """N replica slots around one store: in each, a real sidecar process (replaced when the
 schedule kills or stops it), its wall-clock shift, and the fenced writer beside it; one
-`LeaderObserver` polls every process's ``/leader`` for the whole run."""
+`LeaderObserver` polls every process's ``/leader`` for the whole run.
+
+Sharded (``shards`` > 0): every sidecar runs ``--lease jobs --shards N``; one `LeasesObserver`
+polls every process's ``/leases`` and keeps one sample per lease per answer, and beside each
+slot a `ShardWriter` writes for every shard its replica leads."""
 
 from __future__ import annotations
 
@@ -9,16 +13,60 @@ import contextlib
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from tests.chaos.clock import ClockShift
-from tests.chaos.fence import FencedWriter
+from tests.chaos.fence import FencedWriter, ShardWriter
 from tests.chaos.stores import StoreHarness
 from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess
 
 OBSERVER_INTERVAL = 0.01  # seconds between two polls of one sidecar
+SHARDED_OBSERVER_INTERVAL = 0.02  # one /leases answer carries every shard
 START_TIMEOUT = 30.0  # one sidecar's start-up, on a busy shared machine
+SHARD_LEASE = "jobs"  # --lease jobs --shards N: leases jobs-0 … jobs-{N-1}
+
+
+def lease_of(sample: Sample) -> str | None:
+    """The lease a `LeasesObserver` sample is about (None: no answer, about every lease)."""
+    return sample.body.get("lease") if sample.body else None
+
+
+def leases_url(proc: SidecarProcess) -> str:
+    return f"http://{proc.local}/leases"
+
+
+class LeasesObserver(LeaderObserver):
+    """`LeaderObserver` over ``GET /leases``: each answer becomes one sample per lease, shaped
+    as that lease's ``GET /leader/{lease}`` answer would be (200 leading, else 503, the
+    lease's own JSON), so every judgment reads them as it reads ``/leader`` samples."""
+
+    async def _poll(self, sidecar: SidecarProcess) -> None:
+        assert self._session is not None
+        while True:
+            sent = time.time()
+            body: dict[str, Any] | None = None
+            try:
+                async with self._session.get(leases_url(sidecar)) as response:
+                    body = await response.json()
+            except (TimeoutError, aiohttp.ClientError, ValueError):
+                if sidecar.proc.poll() is not None:
+                    self._record(Sample(sidecar.name, sent, time.time(), None, None))
+                    return  # exited: nothing more to observe
+            received = time.time()
+            if body is None or "leases" not in body:
+                self._record(Sample(sidecar.name, sent, received, None, None))
+            else:
+                for entry in body["leases"]:
+                    status = 200 if entry["leader"] else 503
+                    self.samples.append(Sample(sidecar.name, sent, received, status, entry))
+                self._record_done()
+            await asyncio.sleep(self.interval)
+
+    def _record_done(self) -> None:
+        self._new_sample.set()
+        self._new_sample = asyncio.Event()
 
 
 @dataclasses.dataclass
@@ -39,18 +87,31 @@ class Slot:
 
 class Cluster:
     def __init__(
-        self, store: StoreHarness, size: int, lease: float, directory: Path, shim: Path
+        self,
+        store: StoreHarness,
+        size: int,
+        lease: float,
+        directory: Path,
+        shim: Path,
+        shards: int = 0,
     ) -> None:
         self.store = store
         self.lease = lease
+        self.shards = shards
+        if shards:
+            store.lease = SHARD_LEASE
         self.directory = directory
         self.shim = shim
         self.slots = [
             Slot(f"s{index}", ClockShift(shim, directory / f"clock-s{index}"))
             for index in range(size)
         ]
-        self.observer = LeaderObserver([], interval=OBSERVER_INTERVAL)
-        self.writers: list[FencedWriter] = []
+        self.observer = (
+            LeasesObserver([], interval=SHARDED_OBSERVER_INTERVAL)
+            if shards
+            else LeaderObserver([], interval=OBSERVER_INTERVAL)
+        )
+        self.writers: list[FencedWriter | ShardWriter] = []
         self._session: aiohttp.ClientSession | None = None
         self._starting = asyncio.Semaphore(2)
 
@@ -71,7 +132,11 @@ class Cluster:
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=5)
         )
         for slot in self.slots:
-            writer = FencedWriter(slot.name, slot.url, self.store.fence)
+            writer = (
+                ShardWriter(slot.name, lambda slot=slot: leases_url(slot.proc), self.store.fence)
+                if self.shards
+                else FencedWriter(slot.name, slot.url, self.store.fence)
+            )
             writer.start(self._session)
             self.writers.append(writer)
 
@@ -82,6 +147,9 @@ class Cluster:
     async def launch(self, slot: Slot) -> SidecarProcess:
         """A new sidecar process in ``slot`` (a new identity), watched from now on."""
         store, args = self.store.sidecar_store(slot.name)
+        args = [*args, "--lease", self.store.lease]
+        if self.shards:
+            args += ["--shards", str(self.shards)]
         for attempt in (1, 2):  # a start that outlasts the bound on a loaded machine: once more
             try:
                 proc = await asyncio.to_thread(
@@ -117,6 +185,17 @@ class Cluster:
             return await self.observer.leader(timeout=timeout, after=time.time())
         return None
 
+    def shard_names(self) -> list[str]:
+        """The leases as the API names them (``namespace/name`` on Kubernetes), by shard."""
+        names: set[str] = set()
+        for sample in reversed(self.observer.samples):
+            lease = lease_of(sample)
+            if lease is not None:
+                names.add(lease)
+            if len(names) == self.shards:
+                break
+        return sorted(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+
     def all_processes(self) -> list[tuple[Slot, SidecarProcess]]:
         return [(slot, proc) for slot in self.slots for proc in slot.procs]
 
@@ -129,3 +208,12 @@ class Cluster:
         for _slot, proc in self.all_processes():
             await asyncio.to_thread(proc.stop)
         await self.store.stop()
+        self.keep_logs()
+
+    def keep_logs(self) -> None:
+        """Every process's log, one file per identity under ``logs/`` of the run's directory
+        (pytest keeps the last three runs' directories): what a failure is analysed from."""
+        logs = self.directory / "logs"
+        logs.mkdir(exist_ok=True)
+        for _slot, proc in self.all_processes():
+            (logs / f"{proc.identity or proc.name}.log").write_text("\n".join(proc.raw) + "\n")

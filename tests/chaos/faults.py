@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from tests.chaos.cluster import Cluster, Slot
+from tests.chaos.cluster import Cluster, Slot, lease_of
 from tests.chaos.schedule import FaultSpec
 from tests.chaos.stores import KubernetesStore
 from tests.support.sidecars import Sample, SidecarProcess
@@ -140,13 +140,16 @@ def highest_term(samples: list[Sample]) -> int:
     return max((s.term for s in samples if s.term is not None), default=0)
 
 
-async def release(proc: SidecarProcess) -> None:
+async def release(proc: SidecarProcess, lease: str | None = None) -> None:
     """POST /leader/release the way a local program must (the header, see docs/security.md);
-    a refusal would quietly turn the fault into another one, so it fails the run."""
+    a refusal would quietly turn the fault into another one, so it fails the run. ``lease``:
+    that lease only (a sharded run), else every lease held."""
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session,
         session.post(
-            f"http://{proc.local}/leader/release", headers={"X-Leader-Sidecar": "release"}
+            f"http://{proc.local}/leader/release",
+            headers={"X-Leader-Sidecar": "release"},
+            json=None if lease is None else {"lease": lease},
         ) as response,
     ):
         await response.read()
@@ -158,6 +161,9 @@ async def delete_after_grant(
 ) -> None:
     """Provoke a grant (the leader releases), then delete the record the moment the observer
     sees the new term: before the other replicas may have seen it (case 2 of issue 9)."""
+    if cluster.shards:
+        await delete_shard_after_grant(cluster, spec, record, twice=twice)
+        return
     observer = cluster.observer
     leader = await cluster.leader_now(timeout=2 * cluster.lease + 2)
     before = highest_term(observer.samples)
@@ -192,6 +198,63 @@ async def delete_after_grant(
         except AssertionError:
             record.notes.append(f"no grant within {spec.gap:.2f}s")
         await cluster.store.delete_record()
+        record.notes.append("deleted again")
+    record.healed = time.time()
+
+
+async def delete_shard_after_grant(
+    cluster: Cluster, spec: FaultSpec, record: FaultRecord, *, twice: bool
+) -> None:
+    """`delete_after_grant` on one shard, chosen by the seed: its holder releases it (that
+    lease only), and its record alone is deleted the moment its new term is seen."""
+    observer = cluster.observer
+    lease = cluster.shard_names()[int(spec.pick * cluster.shards)]
+    stored = cluster.store.store_name(lease)
+    asked = time.time()
+    try:
+        leader: Sample | None = await observer.wait_for(
+            lambda s: s.leader and lease_of(s) == lease and s.sent >= asked,
+            timeout=2 * cluster.lease + 2,
+        )
+    except AssertionError:
+        leader = None
+    mine = [s for s in observer.samples if lease_of(s) == lease]
+    before = highest_term(mine)
+    record.began = time.time()
+    if leader is not None:
+        releasing = cluster.slot_of(leader.name).proc
+        record.targets.append(f"{lease} released by {who(releasing)} term {leader.term}")
+        try:
+            await release(releasing, lease)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            record.notes.append(f"release failed: {exc!r}")
+    else:
+        record.targets.append(f"{lease} (no leader now)")
+
+    async def granted(floor: int, timeout: float) -> Sample:
+        return await observer.wait_for(
+            lambda s: s.leader and lease_of(s) == lease and (s.term or 0) > floor, timeout
+        )
+
+    try:
+        grant: Sample | None = await granted(before, 2 * cluster.lease + 2)
+    except AssertionError:
+        record.notes.append("no new grant seen; deleted anyway")
+        grant = None
+    await cluster.store.delete_record(stored)
+    if grant is not None:
+        record.notes.append(
+            f"deleted {1000 * (time.time() - grant.received):.0f}ms after seeing the grant of "
+            f"term {grant.term} to {grant.name}({grant.identity})"
+        )
+    if twice:
+        floor = max(before, (grant.term or 0) if grant else 0)
+        try:
+            second = await granted(floor, spec.gap)
+            record.notes.append(f"second grant term {second.term} to {second.name}")
+        except AssertionError:
+            record.notes.append(f"no grant within {spec.gap:.2f}s")
+        await cluster.store.delete_record(stored)
         record.notes.append("deleted again")
     record.healed = time.time()
 

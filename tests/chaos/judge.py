@@ -9,6 +9,9 @@ the schedule did. Every judgment is checked on every run; none is relaxed for a 
 4. a leader paused past its lease whose first answer after SIGCONT is not 503;
 5. a replica that exited without the schedule killing or terminating it;
 6. an interval without a leader longer than 2 x lease + 2 s after a fault healed.
+
+A sharded run is judged lease by lease (`judge_sharded`): judgments 1-4 and 6 on that lease's
+samples and its own fenced row's log, exactly as for a single lease; 5 once for the run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from tests.chaos.clock import ClockShift
+from tests.chaos.cluster import lease_of
 from tests.chaos.faults import FaultRecord
 from tests.chaos.fence import FencedWrite
 from tests.support.sidecars import LeaderObserver, Sample, SidecarProcess
@@ -47,6 +51,10 @@ class RunFacts:
     # Every process, whether the schedule ended it on purpose, and its exit status (None:
     # running) when the schedule finished.
     procs: list[tuple[SidecarProcess, bool, int | None]]
+    # A sharded run: every shard's fenced log, by lease (``fence_log`` is then unused).
+    fence_logs: dict[str, list[FencedWrite]] = dataclasses.field(default_factory=dict)
+    shards: int = 0
+    logs: str = ""  # where the run's sidecar logs are kept
 
     @property
     def leaderless_limit(self) -> float:
@@ -297,17 +305,63 @@ def leaderless(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
     return violations
 
 
-def judge(facts: RunFacts) -> list[Violation]:
+def judge_lease(facts: RunFacts) -> list[Violation]:
+    """Every judgment about one lease: its samples, its fenced log."""
     leaders = corrected(facts)
-    found = [
+    return [
         *two_leaders(facts, leaders),
         *term_shared(facts, leaders),
         *fence_regressed(facts),
         *paused_leaders(facts),
-        *exits(facts),
         *leaderless(facts, leaders),
     ]
+
+
+def judge(facts: RunFacts) -> list[Violation]:
+    found = [*judge_lease(facts), *exits(facts)]
     return sorted(found, key=lambda v: v.at)
+
+
+def one_shard(facts: RunFacts, lease: str) -> RunFacts:
+    """The run as seen by one lease: its samples (and every no-answer sample, which is about
+    all of them) and its fenced row's log."""
+    return dataclasses.replace(
+        facts,
+        samples=[s for s in facts.samples if lease_of(s) in (lease, None)],
+        fence_log=facts.fence_logs.get(lease, []),
+    )
+
+
+def judge_sharded(facts: RunFacts, leases: Sequence[str]) -> list[Violation]:
+    """`judge` lease by lease; each violation's detail names its lease."""
+    found = exits(facts)
+    for lease in leases:
+        for violation in judge_lease(one_shard(facts, lease)):
+            found.append(dataclasses.replace(violation, detail=f"[{lease}] {violation.detail}"))
+    return sorted(found, key=lambda v: v.at)
+
+
+def unled_after_settling(facts: RunFacts, leases: Sequence[str], since: float) -> list[Violation]:
+    """Liveness once the faults are over: every lease led by exactly one replica, from each
+    replica's last answer (each running process's last sample sent after ``since``)."""
+    last: dict[tuple[str, str], Sample] = {}
+    for sample in facts.samples:
+        lease = lease_of(sample)
+        if lease is not None and sample.sent >= since:
+            last[(sample.name, lease)] = sample
+    violations = []
+    for lease in leases:
+        leaders = [s for (_name, name), s in last.items() if name == lease and s.leader]
+        if len(leaders) != 1:
+            violations.append(
+                Violation(
+                    "not exactly one leader of a shard once the faults stopped and settled",
+                    facts.finished,
+                    f"[{lease}] {len(leaders)} leader(s) in the last answers: "
+                    + ("; ".join(describe(facts, s) for s in leaders) or "none"),
+                )
+            )
+    return violations
 
 
 def fault_at(records: Sequence[FaultRecord], moment: float) -> FaultRecord | None:
@@ -321,12 +375,13 @@ def fault_at(records: Sequence[FaultRecord], moment: float) -> FaultRecord | Non
 
 def report(facts: RunFacts, violations: list[Violation]) -> str:
     """The failure message: seed, store, and per violation its fault, replicas and times."""
+    run = f"n={facts.size}" + (f" x {facts.shards} shards" if facts.shards else "")
+    selection = f"shards and {facts.store}" if facts.shards else f"{facts.store} and n{facts.size}"
     head = (
-        f"chaos {facts.store} n={facts.size}: {len(violations)} violation(s); replay with "
-        f"CHAOS_SEED={facts.seed} python3 -m pytest tests/chaos "
-        f"-k '{facts.store} and n{facts.size}'"
+        f"chaos {facts.store} {run}: {len(violations)} violation(s); replay with "
+        f"CHAOS_SEED={facts.seed} python3 -m pytest tests/chaos -k '{selection}'"
     )
-    lines = [head]
+    lines = [head, f"sidecar logs: {facts.logs}"] if facts.logs else [head]
     for violation in violations[:40]:
         record = fault_at(facts.records, violation.at)
         during = (

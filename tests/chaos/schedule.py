@@ -59,6 +59,11 @@ def fault_count(default: int) -> int:
     return int(os.environ.get("CHAOS_FAULTS", default))
 
 
+def shard_count(default: int = 16) -> int:
+    """Shards in the sharded run: ``CHAOS_SHARDS``, else 16."""
+    return int(os.environ.get("CHAOS_SHARDS", default))
+
+
 def draw(
     seed: int, store: str, kinds: tuple[str, ...], count: int, lease: float
 ) -> list[FaultSpec]:

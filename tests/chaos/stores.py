@@ -33,6 +33,11 @@ class StoreHarness:
     kinds: ClassVar[tuple[str, ...]]  # the store-specific fault kinds (see schedule.py)
     fence: FencedResource
     host_clock: ClockShift | None = None
+    lease: str = SIDECAR_LEASE  # ``--lease``; a sharded run sets its base name
+
+    def store_name(self, lease: str) -> str:
+        """The store's name of a lease the API shows as ``lease``."""
+        return lease
 
     async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
         raise NotImplementedError
@@ -52,8 +57,9 @@ class StoreHarness:
         """A restart without persistence: every lease record and counter is gone."""
         raise NotImplementedError
 
-    async def delete_record(self) -> None:
-        """An operator (or a bug) deletes the lease record."""
+    async def delete_record(self, lease: str | None = None) -> None:
+        """An operator (or a bug) deletes the lease record (``lease``: the store's name of
+        one shard; None: the only lease)."""
         raise NotImplementedError
 
     async def stop(self) -> None:
@@ -89,11 +95,14 @@ class SqliteStore(StoreHarness):
 
         await asyncio.to_thread(hold)
 
-    async def delete_record(self) -> None:
+    async def delete_record(self, lease: str | None = None) -> None:
         def delete() -> None:
             conn = self._connect()
             try:
-                conn.execute("DELETE FROM leases")
+                if lease is None:
+                    conn.execute("DELETE FROM leases")
+                else:
+                    conn.execute("DELETE FROM leases WHERE name = ?", (lease,))
             finally:
                 conn.close()
 
@@ -154,8 +163,8 @@ class RedisStore(StoreHarness):
     async def lose_state(self) -> None:
         await asyncio.to_thread(self.server.restart)
 
-    async def delete_record(self) -> None:
-        holder, term, _channel = lease_keys(SIDECAR_LEASE)
+    async def delete_record(self, lease: str | None = None) -> None:
+        holder, term, _channel = lease_keys(lease or self.lease)
 
         def delete() -> None:
             with self.server.client() as client:
@@ -176,6 +185,7 @@ class KubernetesStore(StoreHarness):
     (the fake's own partition cuts everyone). Freeze, 5xx and late writes are the fake's."""
 
     name = "kubernetes"
+    lease = KUBE_LEASE
     kinds = (
         "store_stall",  # an API freeze: requests held, applied on resume
         "api_5xx",
@@ -205,7 +215,6 @@ class KubernetesStore(StoreHarness):
 
     def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
         return "kubernetes", [
-            "--lease", KUBE_LEASE,
             "--namespace", KUBE_NAMESPACE,
             "--kubeconfig", str(self.kubeconfigs[slot]),
             "--pod-name", slot,
@@ -259,8 +268,11 @@ class KubernetesStore(StoreHarness):
         self.fake = await asyncio.to_thread(FakeKubeProcess.start, port=port, control_port=control)
         await self._create_pods()
 
-    async def delete_record(self) -> None:
-        await asyncio.to_thread(self.fake.delete_lease, KUBE_NAMESPACE, KUBE_LEASE)
+    def store_name(self, lease: str) -> str:
+        return lease.rsplit("/", 1)[-1]  # the API shows namespace/name
+
+    async def delete_record(self, lease: str | None = None) -> None:
+        await asyncio.to_thread(self.fake.delete_lease, KUBE_NAMESPACE, lease or self.lease)
 
     async def stop(self) -> None:
         for proxy in self.proxies.values():

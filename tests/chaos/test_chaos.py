@@ -1,8 +1,10 @@
 """The chaos suite: N real sidecars per store (3 and 5), a fenced writer beside each, an
-observer on every ``/leader``, and a seeded schedule of faults; judged by `judge.judge`.
+observer on every ``/leader``, and a seeded schedule of faults; judged by `judge.judge`. And
+per store a sharded run: 5 sidecars sharing 16 leases, judged shard by shard.
 
-Short mode (CI): ``CHAOS_FAULTS`` faults per store (default 20, half at N=3, half at N=5).
-Long mode: ``CHAOS_FAULTS=300 scripts/chaos``. Replay: ``CHAOS_SEED=<seed>``. See README.md.
+Short mode (CI): ``CHAOS_FAULTS`` faults per store (default 20, half at N=3, half at N=5;
+the sharded run 14 of its own). Long mode: ``CHAOS_FAULTS=300 scripts/chaos`` (``--shards``:
+the sharded runs only). Replay: ``CHAOS_SEED=<seed>``. See README.md.
 """
 
 from __future__ import annotations
@@ -14,12 +16,21 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.clock import build_shim
-from tests.chaos.cluster import Cluster
+from tests.chaos.cluster import SHARDED_OBSERVER_INTERVAL, Cluster, lease_of
 from tests.chaos.faults import ACTIONS, FaultRecord
-from tests.chaos.judge import RunFacts, judge, report, stamp
-from tests.chaos.schedule import PROCESS_KINDS, draw, fault_count
+from tests.chaos.judge import (
+    RunFacts,
+    Violation,
+    judge,
+    judge_sharded,
+    report,
+    stamp,
+    unled_after_settling,
+)
+from tests.chaos.schedule import PROCESS_KINDS, FaultSpec, draw, fault_count, shard_count
 from tests.chaos.stores import STORES
 from tests.chaos.verdicts import record_verdict
+from tests.support.sidecars import Sample, SidecarProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -40,6 +51,14 @@ def share(size: int) -> slice:
 # overhead; the bound is generous so a slow machine fails on a judgment, not a timeout.
 RUN_TIMEOUT = 90 + 15 * (share(SIZES[0]).stop or 0)
 
+# The sharded run: 5 replicas, ``CHAOS_SHARDS`` (16) shards, its own schedule of
+# ``CHAOS_FAULTS`` faults (14 in short mode: every kind of SQLite twice, of Redis and
+# Kubernetes once; ~60-90 s per store here).
+SHARDED_SIZE = 5
+DEFAULT_SHARDED_FAULTS = 14
+SETTLE_LEASES = 4  # after the last fault, before liveness and balance are read
+SHARDED_RUN_TIMEOUT = 120 + 15 * fault_count(DEFAULT_SHARDED_FAULTS)
+
 
 def line(facts_prefix: str, record: FaultRecord, started: float) -> str:
     recovered = record.recovered
@@ -56,6 +75,30 @@ def line(facts_prefix: str, record: FaultRecord, started: float) -> str:
     )
 
 
+async def run_schedule(
+    cluster: Cluster, specs: list[FaultSpec], prefix: str, started: float
+) -> list[FaultRecord]:
+    """Every fault in turn: carry it out, wait (bounded) for a leader after it healed, then
+    the seeded quiet spell; one summary line each."""
+    records: list[FaultRecord] = []
+    limit = 2 * LEASE + 2.0
+    for spec in specs:
+        record = FaultRecord(spec)
+        records.append(record)
+        await ACTIONS[spec.kind](cluster, spec, record)
+        try:
+            record.recovered = await cluster.observer.wait_for(
+                lambda s, healed=record.healed: s.leader and s.sent >= healed,
+                timeout=limit + 0.5,
+            )
+        except AssertionError:
+            record.recovered = None  # judged from the samples: no leader past the bound
+        await _settle(spec.settle)
+        record.ended = time.time()
+        print(line(prefix, record, started), flush=True)
+    return records
+
+
 @pytest.mark.timeout(RUN_TIMEOUT)
 @pytest.mark.parametrize("size", SIZES, ids=[f"n{size}" for size in SIZES])
 @pytest.mark.parametrize("store_name", list(STORES))
@@ -70,7 +113,6 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
     cluster = Cluster(store, size, LEASE, tmp_path, build_shim(tmp_path))
     started = time.time()
     records: list[FaultRecord] = []
-    limit = 2 * LEASE + 2.0
     try:
         await cluster.start()
         first = await cluster.leader_now(timeout=10)
@@ -79,29 +121,13 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         # (a store loss before every replica has seen the first grant is the documented
         # "a candidate that has seen nothing cannot tell" limit of DESIGN.md rule 8).
         await _settle(LEASE)
-        for spec in specs:
-            record = FaultRecord(spec)
-            records.append(record)
-            await ACTIONS[spec.kind](cluster, spec, record)
-            try:
-                record.recovered = await cluster.observer.wait_for(
-                    lambda s, healed=record.healed: s.leader and s.sent >= healed,
-                    timeout=limit + 0.5,
-                )
-            except AssertionError:
-                record.recovered = None  # judged from the samples: no leader past the bound
-            await _settle(spec.settle)
-            record.ended = time.time()
-            print(line(prefix, record, started), flush=True)
+        records = await run_schedule(cluster, specs, prefix, started)
         await _settle(LEASE)
         finished = time.time()
         for writer in cluster.writers:
             await writer.stop()
         fence_log = await store.fence.accepted()
-        procs = [
-            (proc, proc.proc.pid in slot.ended_on_purpose, proc.proc.poll())
-            for slot, proc in cluster.all_processes()
-        ]
+        procs = _processes(cluster)
     finally:
         await cluster.stop()
     facts = RunFacts(
@@ -116,6 +142,7 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         records=records,
         clocks={slot.name: slot.clock for slot in cluster.slots},
         procs=procs,
+        logs=str(tmp_path / "logs"),
     )
     violations = judge(facts)
     accepted = sum(w.counts.accepted for w in cluster.writers)
@@ -126,13 +153,132 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         f"{accepted} accepted / {refused} refused, terms {terms[:1]}..{terms[-1:]} "
         f"({len(terms)} distinct), ran {stamp(facts, finished)}"
     )
+    verdict = _verdict(violations)
+    record_verdict(store_name, f"n={size}", chaos_seed, f"{verdict}; {summary}")
+    print(f"{prefix} verdict: {verdict}; {summary}", flush=True)
+    assert not violations, report(facts, violations)
+
+
+@pytest.mark.timeout(SHARDED_RUN_TIMEOUT)
+@pytest.mark.parametrize("store_name", list(STORES))
+async def test_chaos_shards(store_name: str, tmp_path: Path, chaos_seed: int) -> None:
+    """5 replicas share 16 shards (``--lease jobs --shards 16``) under the same kinds of
+    faults, from a schedule of its own drawn from the same seed; every shard judged alone,
+    and once the faults stop every shard has exactly one leader."""
+    store = STORES[store_name]()
+    kinds = PROCESS_KINDS + store.kinds
+    count = fault_count(DEFAULT_SHARDED_FAULTS)
+    specs = draw(chaos_seed, f"{store_name}/shards", kinds, count, LEASE)
+    size, shards = SHARDED_SIZE, shard_count()
+    prefix = f"[chaos {store_name} n={size} x {shards} shards seed={chaos_seed}]"
+    print(f"{prefix} {count} faults, lease {LEASE:g}s; replay: CHAOS_SEED={chaos_seed}", flush=True)
+    cluster = Cluster(store, size, LEASE, tmp_path, build_shim(tmp_path), shards=shards)
+    started = time.time()
+    records: list[FaultRecord] = []
+    try:
+        await cluster.start()
+        await _every_shard_led(cluster, timeout=30)
+        leases = cluster.shard_names()
+        assert len(leases) == shards, f"the sidecars show {leases}"
+        print(f"{prefix} every shard led after {time.time() - started:.1f}s: {leases[0]} …")
+        await _settle(LEASE)
+        records = await run_schedule(cluster, specs, prefix, started)
+        quiet = time.time()
+        await _settle(SETTLE_LEASES * LEASE)  # balance and hand-overs come to rest
+        settled = time.time()
+        await _settle(2 * SHARDED_OBSERVER_INTERVAL + 0.2)  # a fresh answer from everyone
+        finished = time.time()
+        balance = _balance(cluster, leases, settled)
+        for writer in cluster.writers:
+            await writer.stop()
+        fence_logs = {lease: await store.fence.accepted(lease) for lease in leases}
+        procs = _processes(cluster)
+    finally:
+        await cluster.stop()
+    facts = RunFacts(
+        store=store_name,
+        size=size,
+        seed=chaos_seed,
+        lease=LEASE,
+        started=started,
+        finished=finished,
+        samples=list(cluster.observer.samples),
+        fence_log=[],
+        records=records,
+        clocks={slot.name: slot.clock for slot in cluster.slots},
+        procs=procs,
+        fence_logs=fence_logs,
+        shards=shards,
+        logs=str(tmp_path / "logs"),
+    )
+    violations = sorted(
+        [*judge_sharded(facts, leases), *unled_after_settling(facts, leases, settled)],
+        key=lambda v: v.at,
+    )
+    accepted = sum(w.counts.accepted for w in cluster.writers)
+    refused = sum(w.counts.refused for w in cluster.writers)
+    terms = sum(len({w.term for w in log}) for log in fence_logs.values())
+    summary = (
+        f"{len(records)} faults, {len(facts.samples)} per-lease answers, fenced writes "
+        f"{accepted} accepted / {refused} refused, {terms} (lease, term) pairs written, "
+        f"{balance}, settled {settled - quiet:.1f}s, ran {stamp(facts, finished)}"
+    )
+    verdict = _verdict(violations)
+    record_verdict(store_name, f"n={size}x{shards}", chaos_seed, f"{verdict}; {summary}")
+    print(f"{prefix} verdict: {verdict}; {summary}", flush=True)
+    assert not violations, report(facts, violations)
+
+
+def _processes(cluster: Cluster) -> list[tuple[SidecarProcess, bool, int | None]]:
+    return [
+        (proc, proc.proc.pid in slot.ended_on_purpose, proc.proc.poll())
+        for slot, proc in cluster.all_processes()
+    ]
+
+
+def _verdict(violations: list[Violation]) -> str:
     by_kind: dict[str, int] = {}
     for violation in violations:
         by_kind[violation.judgment] = by_kind.get(violation.judgment, 0) + 1
-    verdict = "PASS" if not violations else f"FAIL {by_kind}"
-    record_verdict(store_name, size, chaos_seed, f"{verdict}; {summary}")
-    print(f"{prefix} verdict: {verdict}; {summary}", flush=True)
-    assert not violations, report(facts, violations)
+    return "PASS" if not violations else f"FAIL {by_kind}"
+
+
+async def _every_shard_led(cluster: Cluster, timeout: float) -> None:
+    """Until the observer has seen a leader of every shard (the start-up's grants)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        led = {lease_of(s) for s in cluster.observer.samples if s.leader}
+        if len(led) >= cluster.shards:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not every shard got a leader within {timeout}s")
+
+
+def _balance(cluster: Cluster, leases: list[str], since: float) -> str:
+    """Informational: shards per replica in each one's last answer, and how many leases the
+    replicas handed over to balance (their ``handing the lease over`` log lines)."""
+    held: dict[str, int] = {}
+    last: dict[tuple[str, str], Sample] = {}
+    for sample in cluster.observer.samples:
+        lease = lease_of(sample)
+        if lease is not None and sample.sent >= since:
+            last[(sample.name, lease)] = sample
+    for (name, _lease), sample in last.items():
+        if sample.leader:
+            held[name] = held.get(name, 0) + 1
+    moves = sum(
+        1
+        for _slot, proc in cluster.all_processes()
+        for entry in proc.logs
+        if entry.get("msg") == "handing the lease over" and entry.get("why") == "balance"
+    )
+    per_replica = ",".join(f"{slot.name}={held.get(slot.name, 0)}" for slot in cluster.slots)
+    live = sum(1 for slot in cluster.slots if slot.proc.proc.poll() is None)
+    share = -(-len(leases) // max(live, 1))
+    return (
+        f"balance: max {max(held.values(), default=0)} shards per replica (share {share}; "
+        f"{per_replica}), {moves} balance moves"
+    )
 
 
 async def _settle(seconds: float) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from tests.chaos.clock import ClockShift, build_shim
 from tests.chaos.faults import FaultRecord, Paused
 from tests.chaos.fence import FencedWrite
-from tests.chaos.judge import RunFacts, judge
+from tests.chaos.judge import RunFacts, judge, judge_sharded, unled_after_settling
 from tests.chaos.schedule import FaultSpec, draw
 from tests.support.sidecars import Sample, SidecarProcess
 
@@ -188,3 +188,45 @@ def test_the_shim_steps_the_wall_clock_only(tmp_path: Path) -> None:
     assert abs(float(out[0]) - time.time() - 3600) < 5
     assert abs(float(out[1]) - time.monotonic()) < 5
     assert 0.005 < float(out[2]) < 1.0
+
+
+def on_lease(samples: list[Sample], lease: str) -> list[Sample]:
+    """The samples as a `/leases` observer records them: each about one lease."""
+    return [
+        Sample(s.name, s.sent, s.received, s.status, {**(s.body or {}), "lease": lease})
+        for s in samples
+    ]
+
+
+def test_sharded_runs_are_judged_lease_by_lease() -> None:
+    """Two replicas leading two different shards at once is no violation; two leading one
+    shard is, named by its lease; a write below an earlier term counts only within its row."""
+    samples = [
+        *on_lease(reign("a", "a_1", 1, T0, T0 + 2.0), "jobs-0"),
+        *on_lease(reign("b", "b_1", 1, T0, T0 + 2.0), "jobs-1"),
+        *on_lease(reign("c", "c_1", 2, T0 + 1.0, T0 + 2.0), "jobs-1"),
+    ]
+    run = facts(samples)
+    run.fence_logs = {
+        "jobs-0": [FencedWrite("a_1", 1, 1, T0 + 0.1)],
+        "jobs-1": [FencedWrite("b_1", 1, 1, T0 + 0.1), FencedWrite("c_1", 2, 1, T0 + 1.1)],
+    }
+    found = judge_sharded(run, ["jobs-0", "jobs-1"])
+    assert [(v.judgment, v.detail.split("]")[0]) for v in found] == [
+        ("two leaders at once", "[jobs-1")
+    ]
+    run.fence_logs["jobs-1"].append(FencedWrite("b_1", 1, 2, T0 + 1.2))
+    found = judge_sharded(run, ["jobs-0", "jobs-1"])
+    assert any(v.judgment.startswith("fenced write accepted below") for v in found)
+
+
+def test_a_shard_without_exactly_one_leader_after_settling_is_a_violation() -> None:
+    """Liveness at the end of a sharded run: one leader per shard in the last answers."""
+    samples = [
+        *on_lease(reign("a", "a_1", 1, T0, T0 + 2.0), "jobs-0"),
+        *on_lease([answer("a", T0 + 1.99, "a_1", 1, None)], "jobs-1"),
+    ]
+    run = facts(samples)
+    assert not unled_after_settling(run, ["jobs-0"], T0 + 1.5)
+    (violation,) = unled_after_settling(run, ["jobs-0", "jobs-1"], T0 + 1.5)
+    assert violation.detail.startswith("[jobs-1] 0 leader(s)")

@@ -5,5 +5,6 @@ from __future__ import annotations
 VERDICTS: dict[str, list[str]] = {}
 
 
-def record_verdict(store: str, size: int, seed: int, verdict: str) -> None:
-    VERDICTS.setdefault(store, []).append(f"n={size} seed={seed}: {verdict}")
+def record_verdict(store: str, run: str, seed: int, verdict: str) -> None:
+    """``run``: ``n=3``, ``n=5`` or ``n=5x16`` (sharded)."""
+    VERDICTS.setdefault(store, []).append(f"{run} seed={seed}: {verdict}")
