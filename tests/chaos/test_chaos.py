@@ -19,6 +19,7 @@ from tests.chaos.clock import build_shim
 from tests.chaos.cluster import SHARDED_OBSERVER_INTERVAL, Cluster, lease_of
 from tests.chaos.faults import ACTIONS, FaultRecord
 from tests.chaos.judge import (
+    KNOWN_LIMIT,
     RunFacts,
     Violation,
     judge,
@@ -156,7 +157,7 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
     verdict = _verdict(violations)
     record_verdict(store_name, f"n={size}", chaos_seed, f"{verdict}; {summary}")
     print(f"{prefix} verdict: {verdict}; {summary}", flush=True)
-    assert not violations, report(facts, violations)
+    assert not _failing(violations), report(facts, violations)
 
 
 @pytest.mark.timeout(SHARDED_RUN_TIMEOUT)
@@ -226,7 +227,7 @@ async def test_chaos_shards(store_name: str, tmp_path: Path, chaos_seed: int) ->
     verdict = _verdict(violations)
     record_verdict(store_name, f"n={size}x{shards}", chaos_seed, f"{verdict}; {summary}")
     print(f"{prefix} verdict: {verdict}; {summary}", flush=True)
-    assert not violations, report(facts, violations)
+    assert not _failing(violations), report(facts, violations)
 
 
 def _processes(cluster: Cluster) -> list[tuple[SidecarProcess, bool, int | None]]:
@@ -240,7 +241,16 @@ def _verdict(violations: list[Violation]) -> str:
     by_kind: dict[str, int] = {}
     for violation in violations:
         by_kind[violation.judgment] = by_kind.get(violation.judgment, 0) + 1
-    return "PASS" if not violations else f"FAIL {by_kind}"
+    if not violations:
+        return "PASS"
+    if not _failing(violations):
+        return f"PASS with documented limits {by_kind}"
+    return f"FAIL {by_kind}"
+
+
+def _failing(violations: list[Violation]) -> list[Violation]:
+    """What fails a run: everything but the README's documented limits, which are reported."""
+    return [v for v in violations if not v.judgment.startswith(KNOWN_LIMIT)]
 
 
 async def _every_shard_led(cluster: Cluster, timeout: float) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from tests.chaos.clock import ClockShift, build_shim
 from tests.chaos.faults import FaultRecord, Paused
 from tests.chaos.fence import FencedWrite
-from tests.chaos.judge import RunFacts, judge, judge_sharded, unled_after_settling
+from tests.chaos.judge import KNOWN_LIMIT, RunFacts, judge, judge_sharded, unled_after_settling
 from tests.chaos.schedule import FaultSpec, draw
 from tests.support.sidecars import Sample, SidecarProcess
 
@@ -100,6 +100,16 @@ def test_one_term_for_two_identities_served_and_written() -> None:
     found = judgments(facts(samples, fence=fence))
     assert "one term served by two identities" in found
     assert "one term written by two identities" in found
+
+
+def test_a_term_repeated_by_a_replica_that_had_seen_nothing_is_the_documented_limit() -> None:
+    """The README's limit: a replica started after the store lost everything cannot tell the
+    loss from a new lease. Reported apart; a replica that had seen a term is a violation."""
+    blind = reign("s0", "a_1", 1, T0, T0 + 1) + reign("s1", "b_1", 1, T0 + 2, T0 + 3)
+    assert judgments(facts(blind)) == [f"{KNOWN_LIMIT}one term served by two identities"]
+    seen = [answer("s1", T0 + 1.5, "b_1", 9, None)]  # b had seen term 9, then served 1
+    found = judgments(facts(blind + seen))
+    assert found == ["one term served by two identities"]
 
 
 def test_a_write_below_an_earlier_term_is_a_regression() -> None:
