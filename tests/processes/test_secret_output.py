@@ -3,6 +3,7 @@ running sidecar, also while the store fails and in the SIGUSR1 state dump (issue
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -30,6 +31,13 @@ async def test_no_password_reaches_logs_answers_or_metrics() -> None:
         sidecar.wait_log(lambda e: e.get("level") in ("warning", "error"))  # the store fails
         bodies = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            # The candidates' beat may fail (and log) before the election's first request
+            # does: wait until /readyz carries the election's error too.
+            for _ in range(100):
+                async with session.get(f"http://{sidecar.public}/readyz") as response:
+                    if (await response.json())["last_error"]:
+                        break
+                await asyncio.sleep(0.05)
             for url in (
                 f"http://{sidecar.local}/leader",
                 f"http://{sidecar.public}/leader",
