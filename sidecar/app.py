@@ -206,11 +206,18 @@ class Sidecar:
         deadline = loop.time() + SHUTDOWN_BUDGET
         election = self._election
         log(logger, "info", "stopping", lease=self.config.lease_ref)
-        self.leases.stop()
-        if election is not None:
-            crashed = election.done() and not election.cancelled() and election.exception()
+        self.leases.stop()  # no new step starts; a step in flight finishes first (its lock)
+        if election is not None and election.done() and not election.cancelled():
+            crashed = election.exception()
             if crashed:
                 log(logger, "error", "the election task failed", error=repr(crashed))
+        # Hand over first: the successor waits for exactly this, and cancelling the election
+        # tasks first (their watches, the candidates' beat) cost the hand-off milliseconds.
+        released = await self.leases.shutdown(
+            "shutdown",
+            max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
+        )
+        if election is not None:
             # Cancel until it is done, within a bounded time: a cancel that lands as a store
             # request's own timeout is swallowed once, and `stop()` above ends the loop anyway.
             for _ in range(5):
@@ -221,10 +228,6 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 if election.done():
                     await election
-        released = await self.leases.shutdown(
-            "shutdown",
-            max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
-        )
         await self.actions.drain(max(0.05, deadline - loop.time() - 0.3))
         background = list(self._background)
         for task in background:

@@ -338,7 +338,11 @@ class LeaseSet:
         # The hand-over goes first (it is what the successor waits for); "leaving" goes out
         # beside it, so that no other replica hands this one a lease meanwhile.
         leaving = [asyncio.create_task(self.beat.leave(min(0.2, budget / 4)))] if self.beat else []
-        results = await asyncio.gather(*(one(name) for name in self.held()), return_exceptions=True)
+        # Every lease, not only those held now: a grant in flight completes before its
+        # elector's lock lets the release in (then it goes without a named successor).
+        results = await asyncio.gather(
+            *(one(name) for name in self.electors), return_exceptions=True
+        )
         await asyncio.gather(*leaving, return_exceptions=True)
         if self.beat is not None:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
