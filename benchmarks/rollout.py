@@ -215,6 +215,13 @@ class Trial:
     grants: int  # "became leader" lines after the first grant of each lease
     leases: int
     seconds: float
+    final: dict[str, int]  # replica → leases it leads at the end
+    warnings: list[str]  # the sidecars' warning and error lines, shortened
+
+    @property
+    def to_old(self) -> int:
+        """Changes that handed a lease to a v1 replica, which must hand it on again."""
+        return sum(1 for c in self.changes if c.receiver.startswith("v1-"))
 
     def per_lease(self) -> list[int]:
         counts = Counter(c.lease for c in self.changes)
@@ -257,6 +264,16 @@ def _grants(replicas: list[SidecarProcess]) -> int:
             if entry.get("msg") == "became leader":
                 leases[entry["lease"]] += 1
     return sum(n - 1 for n in leases.values())
+
+
+def _warnings(replicas: list[SidecarProcess]) -> list[str]:
+    lines = []
+    for replica in replicas:
+        for entry in replica.logs:
+            if entry.get("level") in ("warning", "error"):
+                extra = {k: v for k, v in entry.items() if k in ("lease", "gap_seconds", "error")}
+                lines.append(f"{entry['ts'][11:23]} {replica.name}: {entry['msg']} {extra}")
+    return sorted(lines)
 
 
 async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
@@ -308,6 +325,7 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
                 if code != 0:
                     print(f"  {old.name} exited with {code}", flush=True)
             await asyncio.sleep(2.0)  # the last hand-over's reign is polled
+            final = Counter(poller.leaders_now(0).values())
     finally:
         await session.close()
         for replica in everyone:
@@ -321,6 +339,8 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
         _grants(everyone),
         leases,
         time.monotonic() - began,
+        {identity.split("_")[0]: n for identity, n in sorted(final.items())},
+        _warnings(everyone),
     )
 
 
@@ -335,6 +355,7 @@ def report(variant: Variant, trials: list[Trial]) -> str:
     gap = _ms(statistics.median(gaps)) if gaps else "—"
     gap_max = _ms(max(gaps)) if gaps else "—"
     grants = [t.grants for t in trials]
+    to_old = statistics.mean(t.to_old for t in trials)
     if variant.shards:
         per_shard = [x for t in trials for x in t.per_lease()]
         causes = Counter(c.cause for t in trials for c in t.changes)
@@ -342,13 +363,15 @@ def report(variant: Variant, trials: list[Trial]) -> str:
         return (
             f"| {variant.label} | {n} | per shard {statistics.mean(per_shard):.2f}, "
             f"max {max(per_shard)} (all {SHARDS} shards: {statistics.mean(counts):.1f} per "
-            f"rollout, max {max(counts)}; by cause per rollout: {cause}) | "
+            f"rollout, max {max(counts)}; by cause per rollout: {cause}; to a v1 replica "
+            f"{to_old:.1f}) | "
             f"{statistics.mean(grants):.1f} | {gap} (max {gap_max}) |"
         )
     positions = ",".join(str(t.leader_position) for t in trials)
     return (
         f"| {variant.label} | {n} | {statistics.mean(counts):.1f}, max {max(counts)} "
-        f"(per trial {','.join(map(str, counts))}; leader's place in the order {positions}) "
+        f"(per trial {','.join(map(str, counts))}; leader's place in the order {positions}; "
+        f"to a v1 replica {to_old:.1f}) "
         f"| {statistics.mean(grants):.1f} | {gap} (max {gap_max}) |"
     )
 
@@ -388,9 +411,12 @@ async def main() -> None:
                 f"[{time.strftime('%H:%M:%S')}] {variant.name} trial {i} (seed "
                 f"{one.seed}, {one.seconds:.0f} s): order {one.order}, leader's place "
                 f"{one.leader_position}, {len(one.changes)} changes, {one.grants} grants, "
-                f"gaps ms {gaps}" + ("" if variant.shards else f", {summary}"),
+                f"{one.to_old} to v1, gaps ms {gaps}, final {one.final}"
+                + ("" if variant.shards else f", {summary}"),
                 flush=True,
             )
+            for line in one.warnings[:20]:
+                print(f"    {line}", flush=True)
     print()
     print(HEADER)
     for variant in chosen:
