@@ -360,11 +360,13 @@ def report(variant: Variant, trials: list[Trial]) -> str:
         per_shard = [x for t in trials for x in t.per_lease()]
         causes = Counter(c.cause for t in trials for c in t.changes)
         cause = ", ".join(f"{k} {v / n:.1f}" for k, v in sorted(causes.items()))
+        back = Counter(c.cause for t in trials for c in t.changes if c.receiver.startswith("v1-"))
+        to_old_causes = ", ".join(f"{k} {v / n:.1f}" for k, v in sorted(back.items()))
         return (
             f"| {variant.label} | {n} | per shard {statistics.mean(per_shard):.2f}, "
             f"max {max(per_shard)} (all {SHARDS} shards: {statistics.mean(counts):.1f} per "
             f"rollout, max {max(counts)}; by cause per rollout: {cause}; to a v1 replica "
-            f"{to_old:.1f}) | "
+            f"{to_old:.1f}: {to_old_causes}) | "
             f"{statistics.mean(grants):.1f} | {gap} (max {gap_max}) |"
         )
     positions = ",".join(str(t.leader_position) for t in trials)
