@@ -26,6 +26,9 @@ code at 08d8719, before issue 11: a release frees the lease and whichever follow
 takes it; check it out with ``git worktree add --detach /tmp/old 08d8719``), and ``shards``
 (today's code, ``--revision``, ``--shards 16``: changes counted per shard, each change's cause
 taken from the giver's ``stopped leading`` reason: ``released`` = balance, ``shutdown``).
+``revision-readyz`` and ``revision-readyz-15s`` (lease 15 s, the default) take a replica as
+ready on ``/readyz`` alone, as the kubelet does: the leader may not have read the new replica's
+candidate record yet (it lists candidates every renew interval) when it is told to stop.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class Variant:
     revision: bool = True
     shards: int = 0
     candidates: bool = True  # the code has candidate records (GET /leases)
+    listed_ready: bool = True  # ready also waits for another replica to list the new one
+    lease: str = LEASE
 
     def args(self, revision: str) -> list[str]:
         args = ["--log-level", "info"]
@@ -91,6 +96,19 @@ def variants(old_root: Path) -> dict[str, Variant]:
                 candidates=False,
             ),
             Variant("shards", f"today, --revision, --shards {SHARDS}", REPO, shards=SHARDS),
+            Variant(
+                "revision-readyz",
+                "today, --revision, ready = /readyz only",
+                REPO,
+                listed_ready=False,
+            ),
+            Variant(
+                "revision-readyz-15s",
+                "today, --revision, ready = /readyz only, lease 15 s",
+                REPO,
+                listed_ready=False,
+                lease="15s",
+            ),
         )
     }
 
@@ -183,7 +201,7 @@ async def _ready(
         status, _ = await _get_json(session, f"http://{new.public}/readyz")
         if status != 200:
             return False
-        if not variant.candidates:
+        if not variant.candidates or not variant.listed_ready:
             return True
         for other in others:
             _, body = await _get_json(session, f"http://{other.local}/leases")
@@ -289,7 +307,7 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
             SidecarProcess.start,
             name,
             store,
-            lease_duration=LEASE,
+            lease_duration=variant.lease,
             args=variant.args(revision),
             root=variant.root,
         )
