@@ -13,8 +13,8 @@ fresh store (one SQLite file; or one ``redis-server``). Measured per replica:
   share, ceil(N / replicas)).
 - then, after 5 s more, a window of ``--window`` seconds: **store requests/s** (the rise of
   the sidecar's own ``leader_sidecar_store_requests_total``, every label summed, over the
-  window), **CPU %** of one core (``utime + stime`` from ``/proc/<pid>/stat``), **RSS**
-  (``VmRSS`` at the end);
+  window, each scrape timed at its middle), **CPU %** of one core (``utime + stime`` from
+  ``/proc/<pid>/stat``), **RSS** (``VmRSS`` at the end);
 - **health** over the whole run: ``leader_sidecar_demotions_total`` by reason (``released``
   is the balancer handing leases to a replica that joined; anything else is a lease lost),
   ``leader_sidecar_renewal_gap_over_half_lease_total``, and any ``/leases`` poll during the
@@ -65,6 +65,7 @@ class Case:
     held: list[int] = dataclasses.field(default_factory=list)
     demotions: Counter[str] = dataclasses.field(default_factory=Counter)
     gap_alerts: float = 0
+    gap_alerts_window: float = 0
     unled_polls: int = 0
     polls: int = 0
     min_led: int | None = None
@@ -79,9 +80,14 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return 0, ""
 
 
-async def metrics(session: aiohttp.ClientSession, replica: SidecarProcess) -> dict[str, Counter]:
-    """Family → (label summary → value), counters only, summed over leases."""
+async def metrics(
+    session: aiohttp.ClientSession, replica: SidecarProcess
+) -> tuple[float, dict[str, Counter]]:
+    """(when: the middle of the scrape, which takes a while with 1000 leases; family →
+    (label summary → value), counters only, summed over leases)."""
+    sent = time.monotonic()
     _, text = await _get(session, f"http://{replica.public}/metrics")
+    when = (sent + time.monotonic()) / 2
     out: dict[str, Counter[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -91,7 +97,7 @@ async def metrics(session: aiohttp.ClientSession, replica: SidecarProcess) -> di
             if "outcome" in sample.labels:
                 label += ":" + sample.labels["outcome"]
             out.setdefault(sample.name, Counter())[label] += sample.value
-    return out
+    return when, out
 
 
 async def held(session: aiohttp.ClientSession, replicas: list[SidecarProcess]) -> list[set[str]]:
@@ -168,16 +174,19 @@ async def run_case(case: Case, window: float) -> Case:
             elapsed = time.monotonic() - t0
             after = [await metrics(session, r) for r in replicas]
             name = "leader_sidecar_store_requests_total"
-            for b, a in zip(before, after, strict=True):
+            gap = "leader_sidecar_renewal_gap_over_half_lease_total"
+            for (tb, b), (ta, a) in zip(before, after, strict=True):
+                span = ta - tb
                 case.requests.append(
                     (sum(a.get(name, Counter()).values()) - sum(b.get(name, Counter()).values()))
-                    / elapsed
+                    / span
                 )
                 for op, value in a.get(name, Counter()).items():
-                    case.by_op[op] += (value - b.get(name, Counter())[op]) / elapsed
+                    case.by_op[op] += (value - b.get(name, Counter())[op]) / span
                 case.demotions.update(a.get("leader_sidecar_demotions_total", Counter()))
-                case.gap_alerts += sum(
-                    a.get("leader_sidecar_renewal_gap_over_half_lease_total", Counter()).values()
+                case.gap_alerts += sum(a.get(gap, Counter()).values())
+                case.gap_alerts_window += sum(a.get(gap, Counter()).values()) - sum(
+                    b.get(gap, Counter()).values()
                 )
             case.cpu = [100 * (c1 - c0) / elapsed for c0, c1 in zip(cpu0, cpu1, strict=True)]
             case.rss = [rss_mib(r.proc.pid) for r in replicas]
@@ -206,7 +215,8 @@ def row(case: Case) -> str:
         led += f" (balanced {case.balanced:.2f} s)" if case.balanced else " (never balanced)"
     demotions = {k: int(v) for k, v in case.demotions.items() if v}
     health = (
-        f"demotions {demotions or 0}, gap alerts {case.gap_alerts:.0f}, "
+        f"demotions {demotions or 0}, gap alerts {case.gap_alerts:.0f} "
+        f"({case.gap_alerts_window:.0f} in the window), "
         f"polls with a lease unled {case.unled_polls}/{case.polls}"
     )
     return (
