@@ -284,6 +284,12 @@ def _grants(replicas: list[SidecarProcess]) -> int:
     return sum(n - 1 for n in leases.values())
 
 
+async def _led_by(poller: Poller, running: list[SidecarProcess], leases: int) -> bool:
+    leaders = poller.leaders_now(0)
+    alive = {r.identity for r in running}
+    return len(leaders) == leases and set(leaders.values()) <= alive
+
+
 def _warnings(replicas: list[SidecarProcess]) -> list[str]:
     lines = []
     for replica in replicas:
@@ -342,7 +348,11 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
                 running.remove(old)
                 if code != 0:
                     print(f"  {old.name} exited with {code}", flush=True)
-            await asyncio.sleep(2.0)  # the last hand-over's reign is polled
+            # the last hand-over's reign is polled (a named successor that is gone makes the
+            # others stand back for the transfer timeout first)
+            with contextlib.suppress(RuntimeError):
+                await _until(lambda: _led_by(poller, running, leases), 30, "led by a v2")
+            await asyncio.sleep(1.0)
             final = Counter(poller.leaders_now(0).values())
     finally:
         await session.close()
