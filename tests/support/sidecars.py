@@ -56,7 +56,10 @@ class SidecarProcess:
         ready_timeout: float = 15.0,
         prefix: Sequence[str] = (),
         max_open_files: int | None = None,
+        root: Path = REPO,
     ) -> SidecarProcess:
+        """``root``: the checkout whose ``sidecar`` package runs (``python -m`` imports from
+        the working directory first), e.g. an older commit's worktree for a benchmark."""
         command = [
             *prefix,  # e.g. unshare --time …: runs the sidecar inside another command
             sys.executable,
@@ -83,7 +86,7 @@ class SidecarProcess:
         environment.update(env or {})
         proc = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=root,
             env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -1,0 +1,262 @@
+"""Many leases per sidecar: what 10, 100 and 1000 leases cost one replica, and whether they
+stay led.
+
+    python -m benchmarks.many_leases                                  # SQLite, 1 and 3 replicas
+    python -m benchmarks.many_leases --stores sqlite,redis --leases 10,100 --window 20
+
+Each case starts ``--replicas`` real ``python -m sidecar`` processes at once (as a Deployment
+does) with ``--lease l --shards N`` and the default timing (lease 15 s, renew every 5 s), on a
+fresh store (one SQLite file; or one ``redis-server``). Measured per replica:
+
+- **all led**: spawn of the first process → every lease led by some replica (each replica's
+  ``GET /leases`` every 0.25 s); with several replicas also → balanced (nobody above its
+  share, ceil(N / replicas)).
+- then, after 5 s more, a window of ``--window`` seconds: **store requests/s** (the rise of
+  the sidecar's own ``leader_sidecar_store_requests_total``, every label summed, over the
+  window, each scrape timed at its middle), **CPU %** of one core (``utime + stime`` from
+  ``/proc/<pid>/stat``), **RSS** (``VmRSS`` at the end);
+- **health** over the whole run: ``leader_sidecar_demotions_total`` by reason (``released``
+  is the balancer handing leases to a replica that joined; anything else is a lease lost),
+  ``leader_sidecar_renewal_gap_over_half_lease_total``, and any ``/leases`` poll during the
+  window (every 5 s) in which some lease had no leader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.processes import rss_mib
+from tests.support.sidecars import SidecarProcess
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    # the fields after the command name (which may hold spaces) start at field 3
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+@dataclasses.dataclass
+class Case:
+    store: str
+    leases: int
+    replicas: int
+    all_led: float | None = None
+    balanced: float | None = None
+    requests: list[float] = dataclasses.field(default_factory=list)  # per replica, per second
+    by_op: Counter[str] = dataclasses.field(default_factory=Counter)  # summed over replicas
+    cpu: list[float] = dataclasses.field(default_factory=list)  # % of one core
+    rss: list[float] = dataclasses.field(default_factory=list)
+    held: list[int] = dataclasses.field(default_factory=list)
+    demotions: Counter[str] = dataclasses.field(default_factory=Counter)
+    gap_alerts: float = 0
+    gap_alerts_window: float = 0
+    unled_polls: int = 0
+    polls: int = 0
+    min_led: int | None = None
+    failed: str = ""
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    try:
+        async with session.get(url) as response:
+            return response.status, await response.text()
+    except (TimeoutError, aiohttp.ClientError):
+        return 0, ""
+
+
+async def metrics(
+    session: aiohttp.ClientSession, replica: SidecarProcess
+) -> tuple[float, dict[str, Counter]]:
+    """(when: the middle of the scrape, which takes a while with 1000 leases; family →
+    (label summary → value), counters only, summed over leases)."""
+    sent = time.monotonic()
+    _, text = await _get(session, f"http://{replica.public}/metrics")
+    when = (sent + time.monotonic()) / 2
+    out: dict[str, Counter[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            label = sample.labels.get("reason") or sample.labels.get("op", "")
+            if "outcome" in sample.labels:
+                label += ":" + sample.labels["outcome"]
+            out.setdefault(sample.name, Counter())[label] += sample.value
+    return when, out
+
+
+async def held(session: aiohttp.ClientSession, replicas: list[SidecarProcess]) -> list[set[str]]:
+
+    result = []
+    for replica in replicas:
+        status, text = await _get(session, f"http://{replica.local}/leases")
+        body = json.loads(text) if status == 200 else {"leases": []}
+        result.append({e["lease"] for e in body["leases"] if e["leader"]})
+    return result
+
+
+@contextlib.contextmanager
+def store_url(kind: str, workdir: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{workdir}/leases.db"
+        return
+    from tests.redis.servers import RedisServer
+
+    server = RedisServer.start(workdir)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+async def run_case(case: Case, window: float) -> Case:
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    replicas: list[SidecarProcess] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="many-leases-") as tmp,
+        store_url(case.store, Path(tmp)) as url,
+    ):
+        try:
+            args = ["--lease", "l", "--shards", str(case.leases), "--log-level", "info"]
+            began = time.monotonic()
+            try:
+                replicas = list(
+                    await asyncio.gather(
+                        *(
+                            asyncio.to_thread(
+                                SidecarProcess.start, f"r{i}", url, lease_duration="15s", args=args
+                            )
+                            for i in range(case.replicas)
+                        )
+                    )
+                )
+            except AssertionError as exc:
+                case.failed = str(exc).splitlines()[-1][:200]
+                return case
+            share = math.ceil(case.leases / case.replicas)
+            while time.monotonic() - began < 120:
+                sets = await held(session, replicas)
+                led = set().union(*sets)
+                if case.all_led is None and len(led) == case.leases:
+                    case.all_led = time.monotonic() - began
+                if case.all_led is not None and all(len(s) <= share for s in sets):
+                    case.balanced = time.monotonic() - began
+                    break
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(5)
+            before = [await metrics(session, r) for r in replicas]
+            cpu0 = [cpu_seconds(r.proc.pid) for r in replicas]
+            t0 = time.monotonic()
+            end = t0 + window
+            while time.monotonic() < end:
+                await asyncio.sleep(min(5.0, max(0.0, end - time.monotonic())))
+                sets = await held(session, replicas)
+                led = len(set().union(*sets))
+                case.polls += 1
+                case.unled_polls += led < case.leases
+                case.min_led = led if case.min_led is None else min(case.min_led, led)
+            cpu1 = [cpu_seconds(r.proc.pid) for r in replicas]
+            elapsed = time.monotonic() - t0
+            after = [await metrics(session, r) for r in replicas]
+            name = "leader_sidecar_store_requests_total"
+            gap = "leader_sidecar_renewal_gap_over_half_lease_total"
+            for (tb, b), (ta, a) in zip(before, after, strict=True):
+                span = ta - tb
+                case.requests.append(
+                    (sum(a.get(name, Counter()).values()) - sum(b.get(name, Counter()).values()))
+                    / span
+                )
+                for op, value in a.get(name, Counter()).items():
+                    case.by_op[op] += (value - b.get(name, Counter())[op]) / span
+                case.demotions.update(a.get("leader_sidecar_demotions_total", Counter()))
+                case.gap_alerts += sum(a.get(gap, Counter()).values())
+                case.gap_alerts_window += sum(a.get(gap, Counter()).values()) - sum(
+                    b.get(gap, Counter()).values()
+                )
+            case.cpu = [100 * (c1 - c0) / elapsed for c0, c1 in zip(cpu0, cpu1, strict=True)]
+            case.rss = [rss_mib(r.proc.pid) for r in replicas]
+            case.held = [len(s) for s in await held(session, replicas)]
+        finally:
+            await session.close()
+            for replica in replicas:
+                await asyncio.to_thread(replica.stop)
+    return case
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(min(values), fmt)} to {format(max(values), fmt)}"
+
+
+def row(case: Case) -> str:
+    head = f"| {case.store} | {case.leases} | {case.replicas} |"
+    if case.failed:
+        return f"{head} did not start: {case.failed} | | | | | |"
+    led = f"{case.all_led:.2f} s" if case.all_led is not None else "not within 120 s"
+    if case.replicas > 1:
+        led += f" (balanced {case.balanced:.2f} s)" if case.balanced else " (never balanced)"
+    demotions = {k: int(v) for k, v in case.demotions.items() if v}
+    health = (
+        f"demotions {demotions or 0}, gap alerts {case.gap_alerts:.0f} "
+        f"({case.gap_alerts_window:.0f} in the window), "
+        f"polls with a lease unled {case.unled_polls}/{case.polls}"
+    )
+    return (
+        f"{head} {led} | {_spread(case.requests, '.1f')} | {_spread(case.cpu, '.1f')} | "
+        f"{_spread(case.rss, '.0f')} | {'/'.join(map(str, case.held))} | {health} |"
+    )
+
+
+HEADER = (
+    "| store | leases | replicas | spawn → all led | store requests/s per replica | "
+    "CPU % per replica | RSS MiB per replica | leases held | health |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stores", default="sqlite")
+    parser.add_argument("--leases", default="10,100,1000")
+    parser.add_argument("--replicas", default="1,3")
+    parser.add_argument("--window", type=float, default=25.0)
+    options = parser.parse_args()
+    cases = []
+    for store in options.stores.split(","):
+        for replicas in map(int, options.replicas.split(",")):
+            for leases in map(int, options.leases.split(",")):
+                case = await run_case(Case(store, leases, replicas), options.window)
+                ops = {k: round(v, 1) for k, v in sorted(case.by_op.items()) if v}
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {row(case)} requests/s by op:outcome, "
+                    f"all replicas: {ops}",
+                    flush=True,
+                )
+                cases.append(case)
+    print()
+    print(HEADER)
+    for case in cases:
+        print(row(case))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
