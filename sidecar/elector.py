@@ -21,6 +21,7 @@ Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -128,6 +129,7 @@ class Elector:
         rng: random.Random | None = None,
         stand_back: float = 0.0,
         gate: Callable[[Attempt], bool] | None = None,
+        acquire_slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.store = store
         self.timing = timing
@@ -146,6 +148,9 @@ class Elector:
         # Asked only for a lease that is free or expired; never for our own or one handed to
         # us. Liveness only: a refusal delays an attempt, it never grants anything.
         self._gate = gate
+        # Shared by the electors of one sidecar: at most so many acquires in flight, so that
+        # 1,000 leases up for grabs at start-up never queue a renewal behind them at the store.
+        self._acquire_slots = acquire_slots
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
@@ -378,16 +383,17 @@ class Elector:
         if gated and not self._gate(attempt):  # type: ignore[misc]
             return self.timing.renew_interval  # over our share: the balancer pokes us
         try:
-            record = await self._call(
-                "acquire",
-                lambda: self.store.try_acquire(
-                    self.identity,
-                    self.timing.lease_duration,
-                    attempt.min_term,
-                    expected=attempt.expected,
-                ),
-                self.timing.request_timeout,
-            )
+            async with self._acquire_slots or contextlib.nullcontext():
+                record = await self._call(
+                    "acquire",
+                    lambda: self.store.try_acquire(
+                        self.identity,
+                        self.timing.lease_duration,
+                        attempt.min_term,
+                        expected=attempt.expected,
+                    ),
+                    self.timing.request_timeout,
+                )
         except (LeaseHeld, Conflict) as refused:
             # The store holds something else than what we named: observe it and decide anew.
             self._observe(refused.record)

@@ -30,6 +30,7 @@ from sidecar.observed import Attempt
 logger = logging.getLogger("sidecar.leases")
 
 HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move together
+ACQUIRE_CONCURRENCY = 8  # acquires in flight at once: renewals never queue behind hundreds
 
 
 class TransferRefused(Exception):
@@ -82,6 +83,7 @@ class LeaseSet:
         view = CandidateView(me, timing.lease_duration)
         electors: dict[str, Elector] = {}
         lease_set = cls(electors, client=client, clock=clock)
+        slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
         for name, shown in names:
             lease_set.aliases[name] = shown
             electors[shown] = Elector(
@@ -94,6 +96,7 @@ class LeaseSet:
                 rng=rng,
                 stand_back=stand_back,
                 gate=lease_set._gate,
+                acquire_slots=slots,
             )
         lease_set.beat = CandidateBeat(
             client.candidates(group),
