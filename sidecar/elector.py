@@ -128,8 +128,8 @@ class Elector:
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         stand_back: float = 0.0,
-        gate: Callable[[Attempt], bool] | None = None,
-        acquire_slots: asyncio.Semaphore | None = None,
+        gate: Callable[[Elector, Attempt], float] | None = None,
+        acquire_slots: contextlib.AbstractAsyncContextManager[Any] | None = None,
     ) -> None:
         self.store = store
         self.timing = timing
@@ -144,9 +144,10 @@ class Elector:
         self._valid_until = float("-inf")
         self._last_renewal_sent = float("-inf")
         self._view = LeaseView(identity, timing.lease_duration, stand_back)  # rules 2, 5 and 8
-        # Whether this replica may take one more lease now (the balancer's share, issue 11).
-        # Asked only for a lease that is free or expired; never for our own or one handed to
-        # us. Liveness only: a refusal delays an attempt, it never grants anything.
+        # How long this replica should wait before taking one more lease (0: go): the
+        # balancer's share and whose turn it is (issue 11). Asked only for a lease that is free
+        # or expired; never for our own or one handed to us. Liveness only: a wait delays an
+        # attempt, it never grants anything.
         self._gate = gate
         # Shared by the electors of one sidecar: at most so many acquires in flight, so that
         # 1,000 leases up for grabs at start-up never queue a renewal behind them at the store.
@@ -379,11 +380,13 @@ class Elector:
             return self._hold_off_until - sent
         if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
             return attempt.at - sent
-        gated = self._gate is not None and attempt.why not in ("own", "handed")
-        if gated and not self._gate(attempt):  # type: ignore[misc]
-            return self.timing.renew_interval  # over our share: the balancer pokes us
         try:
             async with self._acquire_slots or contextlib.nullcontext():
+                # Asked holding the slot, so that the acquires in flight count as taken.
+                if self._gate is not None and attempt.why not in ("own", "handed"):
+                    wait = self._gate(self, attempt)  # over our share, or another's turn
+                    if wait > 0:
+                        return wait
                 record = await self._call(
                     "acquire",
                     lambda: self.store.try_acquire(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -31,6 +32,29 @@ logger = logging.getLogger("sidecar.leases")
 
 HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move together
 ACQUIRE_CONCURRENCY = 8  # acquires in flight at once: renewals never queue behind hundreds
+
+
+class AcquireSlots:
+    """At most ``limit`` acquires in flight per sidecar, and how many are in flight now (they
+    count against the share before they are granted)."""
+
+    def __init__(self, limit: int) -> None:
+        self._semaphore = asyncio.Semaphore(limit)
+        self.busy = 0
+
+    async def __aenter__(self) -> None:
+        await self._semaphore.acquire()
+        self.busy += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.busy -= 1
+        self._semaphore.release()
+
+
+def _rank(lease: str, identity: str) -> int:
+    """Rendezvous hashing: every replica computes the same order of candidates per lease."""
+    digest = hashlib.blake2b(f"{lease}\0{identity}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 class TransferRefused(Exception):
@@ -56,6 +80,10 @@ class LeaseSet:
         self._rebalance = asyncio.Event()
         self._stopping = False
         self.aliases: dict[str, str] = {}  # the store's name -> the name users see
+        self.stand_back = 0.0  # how long the others leave a free lease to the first in rank
+        self._counted: tuple[float, dict[str, int]] | None = None
+        self.slots = AcquireSlots(ACQUIRE_CONCURRENCY)
+        self._last_change = float("-inf")  # when some lease's holder or term last changed
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -83,7 +111,8 @@ class LeaseSet:
         view = CandidateView(me, timing.lease_duration)
         electors: dict[str, Elector] = {}
         lease_set = cls(electors, client=client, clock=clock)
-        slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
+        lease_set.stand_back = stand_back
+        slots = lease_set.slots
         for name, shown in names:
             lease_set.aliases[name] = shown
             electors[shown] = Elector(
@@ -98,6 +127,7 @@ class LeaseSet:
                 gate=lease_set._gate,
                 acquire_slots=slots,
             )
+            electors[shown].on_change(lease_set._note_change)
         lease_set.beat = CandidateBeat(
             client.candidates(group),
             view,
@@ -191,15 +221,48 @@ class LeaseSet:
             return []
         return self.beat.view.live(self._clock.now())
 
-    def _gate(self, attempt: Attempt) -> bool:
-        """May this replica take one more (free or expired) lease now? Within its share of
-        the live replicas; everyone may while the candidates are unknown."""
+    def _gate(self, elector: Elector, attempt: Attempt) -> float:
+        """Seconds this replica should wait before trying for a free or expired lease (0: go).
+
+        * Over its share of the live replicas (ceil(N/R)): wait; the balancer pokes it when
+          the share grows. Everyone may while the candidates are unknown.
+        * Otherwise, the live replica under its share that ranks first for this lease
+          (rendezvous hashing) goes at once and the others stand back ``stand_back`` seconds
+          from when they saw the lease free: at start-up each of 1,000 free leases is tried
+          by one replica, not raced for by all (every refused race is a write that queues the
+          renewals behind it), and the first spread is nearly even without hand-overs.
+        """
         if len(self.electors) == 1:
-            return True
+            return 0.0
         live = self._live()
         if not live:
-            return True
-        return len(self.held()) < share(len(self.electors), len(live))
+            return 0.0
+        cap = share(len(self.electors), len(live))
+        counts = self._counts()
+        # Ours fresh, plus the other acquires in flight (the caller holds one slot itself).
+        mine = len(self.held()) + self.slots.busy - 1
+        if mine >= cap:
+            return self.primary.timing.renew_interval
+        counts[self.identity] = mine
+        takers = [c.identity for c in live if counts.get(c.identity, 0) < cap]
+        first = max(takers, key=lambda identity: _rank(elector.lease, identity))
+        if first == self.identity:
+            return 0.0
+        seen = elector.view.unchanged_since
+        waited = 0.0 if seen is None else self._clock.now() - seen
+        return max(0.0, self.stand_back - waited)
+
+    def _counts(self) -> dict[str, int]:
+        """Leases per holder as observed, recomputed at most every 50 ms (1,000 electors ask
+        at once at start-up)."""
+        now = self._clock.now()
+        if self._counted is None or now - self._counted[0] > 0.05:
+            counts: dict[str, int] = {}
+            for holder in self.holders().values():
+                if holder is not None:
+                    counts[holder] = counts.get(holder, 0) + 1
+            self._counted = (now, counts)
+        return self._counted[1]
 
     def holders(self) -> dict[str, str | None]:
         """Lease → holder as observed now; None when free or expired here."""
@@ -219,10 +282,23 @@ class LeaseSet:
         for elector in self.electors.values():
             elector.poke()  # a share may have grown
 
+    def _note_change(self) -> None:
+        self._last_change = self._clock.now()
+        self._rebalance.set()
+
     async def _balance(self) -> None:
+        quiet_for = self.primary.timing.renew_interval
         while not self._stopping:
             await self._rebalance.wait()
             self._rebalance.clear()
+            # Plan only on a view that has been still for a renew interval: replicas that
+            # plan on views a moment apart (a hand-over seen by one, not yet by another)
+            # would hand the same surplus over twice, and back.
+            quiet = self._clock.now() - self._last_change
+            if quiet < quiet_for:
+                await asyncio.sleep(quiet_for - quiet)
+                self._rebalance.set()
+                continue
             live = [c.identity for c in self._live()]
             moves = [m for m in plan(self.holders(), live) if m.giver == self.identity]
             if moves:

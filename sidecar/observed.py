@@ -144,6 +144,12 @@ class LeaseView:
         duration = record.duration if record.holder is not None else self._longest
         return Attempt(self._since + duration, record.version, self.high_water, "expired")
 
+    @property
+    def unchanged_since(self) -> float | None:
+        """When this replica first saw the record it holds now (its version, or no record);
+        None before its first observation."""
+        return self._since if self.seen_anything else None
+
     def expires_in(self, now: float) -> float:
         """Seconds until the record being watched counts as expired here (0: may be taken)."""
         return max(0.0, self.next_attempt(now).at - now)

@@ -69,6 +69,15 @@ class Cluster:
         await lease_set.shutdown("shutdown", 0.5)
         del self.sets[name], self.tasks[name]
 
+    def observed_up_to_date(self) -> bool:
+        """The observer has seen each lease's current leader (it samples every few ms, so a
+        hand-over just made may not be counted yet)."""
+        for lease in self.names:
+            leaders = [s.identity for s in self.sets.values() if s.get(lease).is_leader()]
+            if leaders and self._leaders.get(lease) != leaders[0]:
+                return False
+        return True
+
     def held(self) -> dict[str, int]:
         return {name: len(s.held()) for name, s in self.sets.items()}
 
@@ -135,11 +144,69 @@ async def test_twelve_leases_spread_over_three_replicas_and_then_stay_put(cluste
         lambda: sorted(cluster.held().values()) == [4, 4, 4], 4, "each replica holds 4"
     )
     assert waited < 10 * TIMING.renew_interval
+    await cluster.until(cluster.observed_up_to_date, 1, "the observer caught up")
     changes = cluster.changes
     await asyncio.sleep(6 * TIMING.renew_interval)  # nothing changed: nothing moves
     assert cluster.changes == changes
     assert sorted(cluster.held().values()) == [4, 4, 4]
     assert cluster.violations == []
+
+
+def lost_races(lease_set: LeaseSet) -> float:
+    """Acquires this replica sent and the store refused: someone else got there first."""
+    registry = lease_set.primary.metrics.registry
+    return sum(
+        registry.get_sample_value(
+            "leader_sidecar_store_requests_total",
+            {"lease": name, "op": "acquire", "outcome": outcome},
+        )
+        or 0.0
+        for name in lease_set.electors
+        for outcome in ("held", "conflict")
+    )
+
+
+async def test_replicas_starting_together_split_free_leases_without_racing(cluster_of) -> None:
+    """Each free lease is tried first by one replica (rendezvous hashing): no lost races (each
+    is a write that queues renewals behind it), and an even split with no hand-over."""
+    cluster = cluster_of(16)
+
+    def replica(name: str) -> LeaseSet:
+        registry = CollectorRegistry()
+        return LeaseSet.open(
+            MemoryStoreClient(cluster.server),
+            [(n, n) for n in cluster.names],
+            TIMING,
+            f"{name}_0000",
+            group="jobs",
+            registry_metrics=lambda lease: Metrics(registry, lease, TIMING.lease_duration),
+            stand_back=0.3,
+        )
+
+    sets = [replica("a"), replica("b")]
+    for lease_set in [*sets, sets[0]]:  # a primes again: both know both
+        await lease_set.prime(0.1)
+    tasks = [asyncio.create_task(s.run()) for s in sets]
+    try:
+        deadline = time.monotonic() + 3
+        while sorted(len(s.held()) for s in sets) != [8, 8]:
+            assert time.monotonic() < deadline, [len(s.held()) for s in sets]
+            await asyncio.sleep(0.01)
+        assert [lost_races(s) for s in sets] == [0.0, 0.0]
+        handed = [
+            s.primary.metrics.registry.get_sample_value(
+                "leader_sidecar_demotions_total", {"lease": n, "reason": "released"}
+            )
+            for s in sets
+            for n in s.electors
+        ]
+        assert sum(h or 0.0 for h in handed) == 0.0
+    finally:
+        for lease_set in sets:
+            lease_set.stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_new_replica_takes_its_share_and_never_more(cluster_of) -> None:
