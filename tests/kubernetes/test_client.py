@@ -12,6 +12,7 @@ import base64
 import json
 import ssl
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,10 +162,14 @@ async def test_a_kubeconfig_with_a_token_and_a_relative_ca_file_reaches_a_tls_se
 
 
 async def test_a_kubeconfig_with_inline_ca_and_client_certificate_data_authenticates_by_certificate(
-    mtls: Upstream, tls: TlsFiles, tmp_path: Path
+    mtls: Upstream, tls: TlsFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``certificate-authority-data``, ``client-certificate-data``, ``client-key-data``; no
-    Authorization header at all."""
+    Authorization header at all; the key never touches the temporary directory (a read-only
+    root filesystem needs no writable /tmp)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     config = kubeconfig(
         tmp_path / "kubeconfig",
         f"server: {mtls.url}\ncertificate-authority-data: {b64(tls.ca_cert)}",
@@ -173,6 +178,7 @@ async def test_a_kubeconfig_with_inline_ca_and_client_certificate_data_authentic
     assert await read_lease(config) == LEASE_JSON
     assert mtls.seen[0]["client"] == "test client"
     assert "Authorization" not in mtls.seen[0]["headers"]
+    assert list(scratch.iterdir()) == []
 
 
 async def test_client_certificate_files_authenticate_too(

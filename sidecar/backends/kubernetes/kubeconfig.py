@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import os
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -162,21 +163,33 @@ def tls_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if cert_data is not None or key_data is not None:
-        # ssl loads a certificate chain from files only: a private temporary copy, removed
-        # as soon as it is loaded.
-        with tempfile.TemporaryDirectory(prefix="leader-sidecar-") as private:
-            cert_path = Path(private, "client.crt")
-            key_path = Path(private, "client.key")
-            cert_path.write_bytes(
-                cert_data if cert_data is not None else Path(cert_file or "").read_bytes()
-            )
-            key_path.write_bytes(
-                key_data if key_data is not None else Path(key_file or "").read_bytes()
-            )
-            context.load_cert_chain(str(cert_path), str(key_path))
+        cert = cert_data if cert_data is not None else Path(cert_file or "").read_bytes()
+        key = key_data if key_data is not None else Path(key_file or "").read_bytes()
+        with _readable(cert) as cert_path, _readable(key) as key_path:
+            context.load_cert_chain(cert_path, key_path)
     elif cert_file or key_file:
         context.load_cert_chain(cert_file or "", key_file)
     return context
+
+
+@contextlib.contextmanager
+def _readable(data: bytes) -> Iterator[str]:
+    """A path holding ``data`` while the block runs (ssl loads certificates from files only):
+    an anonymous in-memory file where Linux has them, so a read-only root filesystem needs no
+    writable /tmp; else a private temporary directory, removed at once."""
+    if hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir():
+        fd = os.memfd_create("leader-sidecar-tls")
+        try:
+            with open(fd, "wb", closefd=False) as memory:
+                memory.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="leader-sidecar-") as private:
+        path = Path(private, "tls.pem")
+        path.write_bytes(data)
+        yield str(path)
 
 
 @dataclasses.dataclass
