@@ -4,10 +4,12 @@ start → first HTTP answer, and start → leader on an empty store (medians of 
 with the CPU time the process had used by its first answer (user + system, from
 /proc/<pid>/stat): on a busy machine the wall-clock times stretch, the CPU time much less.
 
-    python -m benchmarks.footprint [--tree DIR] [--starts 7] [--settle 10]
+    python -m benchmarks.footprint [--tree DIR] [--starts 7] [--settle 10] [--nice -10]
 
 ``--tree`` runs the sidecar from another checkout (e.g. an export of an older commit) to
-compare before and after on the same machine; the fake always comes from this one.
+compare before and after on the same machine; the fake always comes from this one. ``--nice``
+runs the sidecars at that niceness (negative needs root): on a machine shared with other work
+it shows what the sidecar itself costs, as on a node with CPU to spare.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _free_port() -> int:
 
 
 class Sidecar:
-    def __init__(self, tree: Path, kubeconfig: Path, name: str) -> None:
+    def __init__(self, tree: Path, kubeconfig: Path, name: str, nice: int = 0) -> None:
         self.port = _free_port()
         environment = {k: v for k, v in os.environ.items() if not k.startswith("LEADER_SIDECAR_")}
         environment.pop("KUBERNETES_SERVICE_HOST", None)
@@ -57,6 +59,7 @@ class Sidecar:
             ],
             cwd=tree, env=environment, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )  # fmt: skip
 
     def leader(self) -> bool | None:
@@ -105,14 +108,14 @@ def fake_api() -> Iterator[tuple[FakeKubeProcess, Path]]:
             fake.stop()
 
 
-def measure(tree: Path, starts: int, settle: float) -> dict[str, object]:
+def measure(tree: Path, starts: int, settle: float, nice: int = 0) -> dict[str, object]:
     with fake_api() as (fake, kubeconfig):
         for i in range(3):
             fake.create_pod(NAMESPACE, f"fp-{i}")
         first_answer, to_leader, cpu = [], [], []
         for i in range(starts):
             fake.delete_lease(NAMESPACE, LEASE)
-            sidecar = Sidecar(tree, kubeconfig, f"fp-{i % 3}")
+            sidecar = Sidecar(tree, kubeconfig, f"fp-{i % 3}", nice)
             try:
                 first_answer.append(sidecar.wait(leader=False))
                 cpu.append(sidecar.cpu())
@@ -120,7 +123,7 @@ def measure(tree: Path, starts: int, settle: float) -> dict[str, object]:
             finally:
                 sidecar.stop()
         fake.delete_lease(NAMESPACE, LEASE)
-        pool = [Sidecar(tree, kubeconfig, f"fp-{i}") for i in range(3)]
+        pool = [Sidecar(tree, kubeconfig, f"fp-{i}", nice) for i in range(3)]
         try:
             for sidecar in pool:
                 sidecar.wait(leader=False)
@@ -134,7 +137,8 @@ def measure(tree: Path, starts: int, settle: float) -> dict[str, object]:
                 sidecar.stop()
     return {
         "tree": str(tree),
-        "load_average": os.getloadavg(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "nice": nice,
         "rss_leader_mib": round(leader_rss, 1),
         "rss_followers_mib": [round(r, 1) for r in follower_rss],
         "start_to_first_answer_s": {
@@ -157,8 +161,9 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=REPO)
     parser.add_argument("--starts", type=int, default=7)
     parser.add_argument("--settle", type=float, default=10.0)
+    parser.add_argument("--nice", type=int, default=0)
     args = parser.parse_args()
-    print(json.dumps(measure(args.tree.resolve(), args.starts, args.settle), indent=2))
+    print(json.dumps(measure(args.tree.resolve(), args.starts, args.settle, args.nice), indent=2))
 
 
 if __name__ == "__main__":
