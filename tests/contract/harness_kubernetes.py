@@ -1,5 +1,5 @@
 """The Kubernetes store against the fake API server (in this process, on a free port),
-through the real ``kubernetes.aio`` client and a kubeconfig, as the sidecar runs outside a
+through the sidecar's own client and a kubeconfig, as the sidecar runs outside a
 cluster."""
 
 from __future__ import annotations

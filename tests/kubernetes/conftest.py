@@ -1,5 +1,5 @@
 """Fixtures: an in-process fake API server and Kubernetes stores talking to it through the
-real ``kubernetes.aio`` client and a kubeconfig."""
+sidecar's own client (`sidecar.backends.kubernetes.client`) and a kubeconfig."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Kubernetes lease store against the fake API server, through the real client: the
+"""The Kubernetes lease store against the fake API server, through the sidecar's client: the
 Lease's fields, what a candidate times observed expiry by (resourceVersion and duration,
 never renewTime), a deleted Lease put back by its holder, compare-and-swap without blind
 retries, failures as StoreUnavailable within the request timeout, and the number of API

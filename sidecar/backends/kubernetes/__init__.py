@@ -1,11 +1,12 @@
-"""The Kubernetes store: a ``coordination.k8s.io/v1`` Lease through the official asyncio client
-(``kubernetes.aio``), plus what only Kubernetes can do on a transition: relabel pods and record
-Events.
+"""The Kubernetes store: a ``coordination.k8s.io/v1`` Lease through a small REST client of our
+own over aiohttp (`client`), plus what only Kubernetes can do on a transition: relabel pods and
+record Events.
 
 * `store` — the lease store (observe-based expiry, compare-and-swap, the watch).
 * `store_client` — many leases on one connection; `fanout` — one watch for many Leases;
   `watch` — the list-then-watch both use; `candidates` — the candidate registry.
-* `client` — client setup, request deadlines, error mapping, MicroTime.
+* `client` — requests, deadlines, error mapping, MicroTime; `kubeconfig` — where the API server
+  is and the credentials (service account or kubeconfig).
 * `demotion` — the pod role label and the Events.
 """
 
@@ -16,7 +17,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster, warm_up
+from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
 from sidecar.backends.kubernetes.store_client import PER_NAME_WATCH_LIMIT, KubernetesStoreClient
 from sidecar.config import SERVICE_ACCOUNT_DIR, ConfigError
@@ -52,7 +53,6 @@ def _api(config: Config) -> KubeApi:
             f"token at {SERVICE_ACCOUNT_TOKEN}); give --kubeconfig or KUBECONFIG to run outside "
             "a cluster",
         )
-    warm_up()
     return KubeApi(config.kubeconfig, config.timing.request_timeout)
 
 

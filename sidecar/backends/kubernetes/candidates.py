@@ -27,11 +27,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sidecar.backends.base import Candidate
-from sidecar.backends.kubernetes.client import CallError, KubeApi
-from sidecar.backends.kubernetes.watch import coordination, unavailable
+from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
+from sidecar.backends.kubernetes.watch import unavailable
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
-MERGE_PATCH = "application/merge-patch+json"
 KEY_PREFIX = "candidates.leader-sidecar.io/"
 GC_LEASES = 20
 """Entries not beaten for this many leases (wall clock) are removed."""
@@ -86,6 +85,10 @@ def decode(value: str) -> Candidate | None:
         return None
 
 
+def _annotations(lease: dict[str, Any] | None) -> dict[str, Any]:
+    return ((lease or {}).get("metadata") or {}).get("annotations") or {}
+
+
 class KubernetesCandidates:
     """The candidates of ``group`` in the Lease ``<group>-candidates`` of ``namespace``."""
 
@@ -124,7 +127,7 @@ class KubernetesCandidates:
     async def list(self) -> list[Candidate]:
         lease = await self._get()
         found = []
-        for key, value in ((lease.metadata.annotations or {}) if lease else {}).items():
+        for key, value in _annotations(lease).items():
             candidate = decode(value) if key.startswith(KEY_PREFIX) else None
             if candidate is not None:
                 found.append(candidate)
@@ -142,52 +145,41 @@ class KubernetesCandidates:
 
     async def _merge(self, op: str, patch: dict[str, Any]) -> Any:
         """A merge patch of the candidates Lease. Raises CallError."""
-        leases = await coordination(self.api)
-        return await self.api.call(
+        return await self.api.request(
             op,
-            lambda: leases.patch_namespaced_lease(
-                self.name,
-                self.namespace,
-                patch,
-                _content_type=MERGE_PATCH,
-                _request_timeout=self.api.request_timeout,
-            ),
+            "PATCH",
+            lease_path(self.namespace, self.name),
+            body=patch,
+            content_type=MERGE_PATCH,
         )
 
-    async def _get(self) -> Any:
-        leases = await coordination(self.api)
+    async def _get(self) -> dict[str, Any] | None:
         try:
-            return await self.api.call(
-                "list candidates",
-                lambda: leases.read_namespaced_lease(
-                    self.name, self.namespace, _request_timeout=self.api.request_timeout
-                ),
+            lease: dict[str, Any] = await self.api.request(
+                "list candidates", "GET", lease_path(self.namespace, self.name)
             )
         except CallError as error:
             if error.status == 404:
                 return None
             raise unavailable(error, self.namespace) from None
+        return lease
 
     async def _create(self, annotations: dict[str, str]) -> None:
         """The first beat of the group. A 409 AlreadyExists: another replica was first, and
         our key goes in with a patch after all."""
-        from kubernetes.aio import client
-
-        leases = await coordination(self.api)
-        body = client.V1Lease(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            metadata=client.V1ObjectMeta(
-                name=self.name, namespace=self.namespace, annotations=annotations
-            ),
-            spec=client.V1LeaseSpec(),
-        )
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "annotations": annotations,
+            },
+            "spec": {},
+        }
         try:
-            await self.api.call(
-                "create candidates",
-                lambda: leases.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=self.api.request_timeout
-                ),
+            await self.api.request(
+                "create candidates", "POST", lease_path(self.namespace), body=body
             )
         except CallError as error:
             if error.status != 409:
@@ -204,14 +196,15 @@ class KubernetesCandidates:
         if lease is None:
             return
         stale: dict[str, None] = {}
-        for key, value in (lease.metadata.annotations or {}).items():
+        for key, value in _annotations(lease).items():
             candidate = decode(value) if key.startswith(KEY_PREFIX) else None
             beat_at = candidate.beat_at if candidate is not None else None
             if beat_at is not None and beat_at.tzinfo is not None and beat_at < older_than:
                 stale[key] = None
         if not stale:
             return
-        metadata = {"resourceVersion": lease.metadata.resource_version, "annotations": stale}
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        metadata = {"resourceVersion": version, "annotations": stale}
         try:
             await self._merge("collect candidates", {"metadata": metadata})
         except CallError:

@@ -1,34 +1,50 @@
-"""The official asyncio client (``kubernetes.aio``), set up the way a lease needs it.
+"""A small REST client of the Kubernetes API over aiohttp, set up the way a lease needs it.
 
-* One `ApiClient` per process, shared by the lease store and the demotion actions, built on
-  first use (loading a kubeconfig is a coroutine; construction is not).
-* No client-side retries: a retried PUT would be a blind retry of a compare-and-swap, and a
-  retry loop can outlive the renew deadline. Every request carries an explicit timeout.
-* MicroTime fields go out with exactly six fractional digits and ``Z``: the client would
-  write ``…T10:00:00+00:00`` for a whole second, which the API server refuses with a 400.
+Why not the official client: importing ``kubernetes.aio.client`` costs ~58 MiB of RSS and
+~0.9 s (its package imports every API and ~700 models), which is most of the sidecar's memory
+and start time. A lease needs a handful of JSON requests and one streaming GET; this module
+sends plain dicts and gets plain dicts back (docs/design-changes.md, "The Kubernetes client").
+
+* One `KubeApi` per process, shared by the lease store and the demotion actions, configured on
+  first use (`sidecar.backends.kubernetes.kubeconfig`): the pod's service account in a cluster,
+  else a kubeconfig. One aiohttp session: an HTTP/1.1 keep-alive pool of 100 connections.
+* No retries: a retried PUT would be a blind retry of a compare-and-swap, and a retry loop can
+  outlive the renew deadline. Every request carries an explicit timeout.
+* MicroTime fields go out with exactly six fractional digits and ``Z``; the API server
+  answers 400 to ``…T10:00:00+00:00``, which ``datetime.isoformat`` writes for a whole second.
 * Every failure becomes a `CallError` with the HTTP status when there was one (0 for transport
-  errors: refused, reset, timed out). Nothing else escapes.
+  errors: refused, reset, timed out, a configuration that cannot be loaded). Nothing else
+  escapes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
+import aiohttp
+
+from sidecar.config import SERVICE_ACCOUNT_DIR
 from sidecar.logs import log
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from sidecar.backends.kubernetes.kubeconfig import Connection
+
 logger = logging.getLogger("sidecar.kubernetes")
 
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+SERVICE_ACCOUNT_TOKEN = SERVICE_ACCOUNT_DIR / "token"
 USER_AGENT = "leader-sidecar"
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+POOL_SIZE = 100  # connections; each watch stream holds one
 
 RBAC_FIX = (
     "grant the sidecar's service account a Role with leases get/list/watch/create/update/patch "
@@ -62,6 +78,22 @@ class Time(MicroTime):
         return super().at(moment).replace(microsecond=0)
 
 
+def parse_time(text: Any) -> datetime | None:
+    """A metav1.Time or MicroTime as the API server writes it (``…Z``, up to nine fractional
+    digits), timezone-aware; None if absent or unreadable. For humans only, never for expiry."""
+    if not isinstance(text, str) or not text:
+        return None
+    head, dot, rest = text.partition(".")
+    if dot:  # fromisoformat takes at most six fractional digits before Python 3.12
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 class CallError(Exception):
     """One failed request. ``status`` is the HTTP status, or 0 when no answer came."""
 
@@ -84,19 +116,22 @@ def _describe(status: int, reason: str, message: str) -> str:
     return f"HTTP {status} {reason}: {message}" if message else f"HTTP {status} {reason}"
 
 
-def warm_up() -> None:
-    """Import what the lease needs now, at start-up, not inside the event loop on first use:
-    ``kubernetes.aio.client`` takes ~0.3 s to import, long enough to delay a renewal."""
-    import kubernetes.aio.client.api.coordination_v1_api
-    import kubernetes.aio.config  # noqa: F401
-
-
-def _import_core_api() -> None:
-    import kubernetes.aio.client.api.core_v1_api  # noqa: F401
-
-
 def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.is_file()
+
+
+def lease_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{_segment(namespace)}/leases"
+    return base if name is None else f"{base}/{_segment(name)}"
+
+
+def core_path(namespace: str, resource: str, name: str | None = None) -> str:
+    base = f"/api/v1/namespaces/{_segment(namespace)}/{resource}"
+    return base if name is None else f"{base}/{_segment(name)}"
+
+
+def _segment(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
 
 
 class KubeApi:
@@ -105,76 +140,131 @@ class KubeApi:
     def __init__(self, kubeconfig: str | None, request_timeout: float) -> None:
         self.kubeconfig = kubeconfig
         self.request_timeout = request_timeout
-        self._client: Any = None
+        self._connection: Connection | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
         self._forbidden_logged: dict[str, float] = {}
-        self._core_imported: asyncio.Future[None] | None = None
         self.server = "in-cluster" if kubeconfig is None else f"kubeconfig {kubeconfig}"
 
-    async def client(self) -> Any:
-        """The shared ApiClient; loads the kubeconfig or the service account on first use."""
-        if self._client is not None:
-            return self._client
+    async def _connect(self) -> tuple[Connection, aiohttp.ClientSession]:
+        """The configuration and the session; loads the kubeconfig or the service account on
+        first use. Raises whatever loading raises."""
+        if self._connection is not None and self._session is not None:
+            return self._connection, self._session
         async with self._lock:
-            if self._client is None:
-                from kubernetes.aio import client, config
+            if self._connection is None or self._session is None:
+                from sidecar.backends.kubernetes.kubeconfig import load
 
-                configuration = client.Configuration()
-                if self.kubeconfig:
-                    await config.load_kube_config(  # type: ignore[no-untyped-call]
-                        config_file=self.kubeconfig,
-                        client_configuration=configuration,
-                        persist_config=False,
-                    )
-                else:
-                    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-                configuration.retries = None  # see module docstring: no hidden retries
-                self.server = str(configuration.host)
-                api = client.ApiClient(configuration=configuration)
-                api.user_agent = USER_AGENT
-                self._client = api
-        return self._client
+                connection = await load(self.kubeconfig)
+                self.server = connection.server
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=POOL_SIZE, ssl=connection.ssl),
+                    headers={"User-Agent": USER_AGENT, "Accept": JSON},
+                    skip_auto_headers=("Content-Type",),
+                )
+                self._connection = connection
+        return self._connection, self._session
 
-    async def coordination(self) -> Any:
-        from kubernetes.aio import client
+    async def _send(
+        self,
+        op: str,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str,
+        total: float,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; the response once its headers are in. Raises `CallError` (status
+        0) for a configuration that cannot be loaded."""
+        try:
+            connection, session = await self._connect()
+            headers = await connection.credentials.headers()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise CallError(
+                op, 0, "ConfigError", f"cannot load the Kubernetes client configuration: {exc}"
+            ) from exc
+        data = None
+        if body is not None:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            headers = {**headers, "Content-Type": content_type}
+        return await session.request(
+            method,
+            connection.server + path,
+            params=query,
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=total),
+            server_hostname=connection.server_hostname,
+            proxy=connection.proxy,
+        )
 
-        return client.CoordinationV1Api(await self.client())
-
-    async def core(self) -> Any:
-        """CoreV1Api (pod labels, Events), imported on first use, on a thread: the generated
-        module costs ~0.5 s and ~20 MiB, which a replica that never leads never needs, and an
-        import on the event loop would stall renewals for that long."""
-        if self._core_imported is None:
-            self._core_imported = asyncio.ensure_future(asyncio.to_thread(_import_core_api))
-        await asyncio.shield(self._core_imported)
-        from kubernetes.aio import client
-
-        return client.CoreV1Api(await self.client())
-
-    async def call(
-        self, op: str, request: Callable[[], Awaitable[T]], timeout: float | None = None
-    ) -> T:
-        """Run one request under ``timeout`` (default: the request timeout). Raises
-        `CallError` for every failure."""
-        from kubernetes.aio.client.exceptions import ApiException
-
+    async def request(
+        self,
+        op: str,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> Any:
+        """One request, its JSON answer decoded, all within ``timeout`` (default: the request
+        timeout). Raises `CallError` for every failure, an HTTP status outside 2xx included."""
         budget = self.request_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(budget):
-                return await request()
+                response = await self._send(
+                    op, method, path, query=query, body=body, content_type=content_type,
+                    total=budget,
+                )  # fmt: skip
+                async with response:
+                    raw = await response.read()
+                    status, phrase = response.status, response.reason or ""
         except TimeoutError:
             raise CallError(op, 0, f"timed out after {budget:.3f}s", "") from None
-        except ApiException as exc:
-            status = int(exc.status or 0)
-            reason, message = status_text(exc.body, str(exc.reason or ""))
-            error = CallError(op, status, reason, message)
-            if status == 403:
-                self.log_forbidden(op, message)
-            raise error from None
-        except asyncio.CancelledError:
+        except (CallError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # aiohttp errors, OSError, pydantic, config errors
+        except Exception as exc:  # aiohttp errors, OSError, ssl errors
             raise CallError(op, 0, type(exc).__name__, str(exc)) from exc
+        if 200 <= status < 300:
+            try:
+                return json.loads(raw) if raw else {}
+            except ValueError as exc:
+                raise CallError(op, 0, "bad JSON in the answer", str(exc)) from None
+        reason, message = status_text(raw, phrase)
+        if status == 403:
+            self.log_forbidden(op, message)
+        raise CallError(op, status, reason, message)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, op: str, path: str, query: Mapping[str, str], timeout: float
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A streaming GET (a watch): the response once its headers are in (within the request
+        timeout), whatever its status; its body may take ``timeout`` more. Raises `CallError`
+        when no answer came."""
+        budget = self.request_timeout
+        try:
+            async with asyncio.timeout(budget):
+                response = await self._send(
+                    op, "GET", path, query=query, body=None, content_type=JSON,
+                    total=timeout + budget,
+                )  # fmt: skip
+        except TimeoutError:
+            raise CallError(op, 0, f"timed out after {budget:.3f}s", "") from None
+        except (CallError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise CallError(op, 0, type(exc).__name__, str(exc)) from exc
+        try:
+            yield response
+        finally:
+            response.release()
 
     def log_forbidden(self, op: str, message: str) -> None:
         """Loud, but once a minute per operation: a missing RBAC rule does not fix itself."""
@@ -192,9 +282,10 @@ class KubeApi:
         )
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        session, self._session = self._session, None
+        self._connection = None
+        if session is not None:
+            await session.close()
 
 
 def status_text(body: Any, fallback: str) -> tuple[str, str]:

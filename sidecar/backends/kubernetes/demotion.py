@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sidecar.backends.kubernetes.client import CallError, KubeApi, Time
+from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, Time, core_path
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.elector import GapAlert, Role, Transition
 from sidecar.logs import log
@@ -97,20 +97,16 @@ class PodRoleLabel:
             await self.label(self.pod_name, "follower")
 
     async def label(self, pod: str, role: str, *, missing_ok: bool = False) -> None:
-        core = await self.api.core()
         patch = {"metadata": {"labels": {self.key: role}}}
         try:
             await _attempts(
                 "label pod",
-                lambda: self.api.call(
+                lambda: self.api.request(
                     "label pod",
-                    lambda: core.patch_namespaced_pod(
-                        pod,
-                        self.namespace,
-                        patch,
-                        _content_type="application/merge-patch+json",
-                        _request_timeout=self.api.request_timeout,
-                    ),
+                    "PATCH",
+                    core_path(self.namespace, "pods", pod),
+                    body=patch,
+                    content_type=MERGE_PATCH,
                 ),
             )
         except CallError as error:
@@ -178,51 +174,44 @@ class LeaseEvents:
             log(logger, "warning", "could not record the renewal-gap Event", error=str(exc))
 
     async def record(self, kind: str, reason: str, message: str, action: str) -> None:
-        from kubernetes.aio import client
-
-        core = await self.api.core()
-        now = Time.at(self.clock.wall())
-        involved = client.V1ObjectReference(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            name=self.lease,
-            namespace=self.namespace,
-            uid=self.lease_uid(),
-        )
-        related = (
-            client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=self.pod_name, namespace=self.pod_namespace
-            )
-            if self.pod_name
-            else None
-        )
-        event = client.CoreV1Event(
-            api_version="v1",
-            kind="Event",
-            metadata=client.V1ObjectMeta(
-                name=f"{self.lease}.{time.time_ns():x}", namespace=self.namespace
-            ),
-            involved_object=involved,
-            related=related,
-            reason=reason,
-            message=message,
-            type=kind,
-            action=action,
-            source=client.V1EventSource(component=COMPONENT),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            reporting_component=COMPONENT,
-            reporting_instance=self.identity[:128],
-        )
+        now = Time.at(self.clock.wall()).isoformat()
+        involved: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "name": self.lease,
+            "namespace": self.namespace,
+        }
+        uid = self.lease_uid()
+        if uid:
+            involved["uid"] = uid
+        event: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.lease}.{time.time_ns():x}", "namespace": self.namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "action": action,
+            "source": {"component": COMPONENT},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.identity[:128],
+        }
+        if self.pod_name:
+            event["related"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": self.pod_name,
+                "namespace": self.pod_namespace,
+            }
         try:
             await _attempts(
                 "create event",
-                lambda: self.api.call(
-                    "create event",
-                    lambda: core.create_namespaced_event(
-                        self.namespace, event, _request_timeout=self.api.request_timeout
-                    ),
+                lambda: self.api.request(
+                    "create event", "POST", core_path(self.namespace, "events"), body=event
                 ),
             )
         except CallError as error:

@@ -58,7 +58,7 @@ class SharedLeaseWatch:
         self._stopped: list[asyncio.Task[None]] = []  # cancelled runs, awaited by `close`
 
     async def subscribe(self, name: str) -> AsyncIterator[Any]:
-        """The Lease ``name`` (a V1Lease, or None when it does not exist) on every change."""
+        """The Lease ``name`` (its JSON, or None when it does not exist) on every change."""
         queue: Queue = asyncio.Queue()
         self._subscribers.setdefault(name, set()).add(queue)
         if self._cache is not None:
@@ -99,7 +99,7 @@ class SharedLeaseWatch:
                     items, version = await list_leases(
                         self.api, self.selection, f"list leases {self.selection.label_selector}"
                     )
-                    self._cache = {str(lease.metadata.name): lease for lease in items}
+                    self._cache = {_name(lease): lease for lease in items}
                     for name in list(self._subscribers):
                         self._publish(name, self._cache.get(name))
                 async for kind, lease, resume_at in stream_leases(
@@ -130,8 +130,8 @@ class SharedLeaseWatch:
                 )
                 await asyncio.sleep(delay)
 
-    def _apply(self, kind: str, lease: Any) -> None:
-        name = str(lease.metadata.name)
+    def _apply(self, kind: str, lease: dict[str, Any]) -> None:
+        name = _name(lease)
         cache = self._cache if self._cache is not None else {}
         if kind == "DELETED":
             cache.pop(name, None)
@@ -144,3 +144,7 @@ class SharedLeaseWatch:
         self._stop()
         stopped, self._stopped = self._stopped, []
         await asyncio.gather(*stopped, return_exceptions=True)
+
+
+def _name(lease: dict[str, Any]) -> str:
+    return str((lease.get("metadata") or {}).get("name"))

@@ -17,7 +17,7 @@ A 409 is never retried blindly: the store re-reads and reports what it found (`C
 `NotOwned` when the lease is no longer ours).
 
 A release may name a successor: the annotation ``leader-sidecar.io/successor`` on the released
-Lease (an annotation, because the client's models drop spec fields they do not know, and
+Lease (an annotation, because older clients' models dropped spec fields they did not know, and
 ``spec.preferredHolder`` belongs to Coordinated Leader Election: dropped by API servers without
 that feature gate, and read by its controller where it is on). A grant clears it.
 
@@ -52,12 +52,18 @@ from sidecar.backends.base import (
     NotOwned,
     StoreUnavailable,
 )
-from sidecar.backends.kubernetes.client import CallError, KubeApi, MicroTime
+from sidecar.backends.kubernetes.client import (
+    MERGE_PATCH,
+    CallError,
+    KubeApi,
+    MicroTime,
+    lease_path,
+    parse_time,
+)
 from sidecar.backends.kubernetes.watch import (
     Relist,
     Selection,
     backoff,
-    coordination,
     list_leases,
     stream_leases,
     unavailable,
@@ -70,7 +76,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sidecar.kubernetes")
 
-MERGE_PATCH = "application/merge-patch+json"
+Lease = dict[str, Any]
+"""A Lease as the API server sends it: plain JSON (``metadata``, ``spec``)."""
+
 SUCCESSOR_ANNOTATION = "leader-sidecar.io/successor"
 GROUP_LABEL = "leader-sidecar/group"
 
@@ -80,11 +88,20 @@ def whole_seconds(duration: float) -> int:
     return max(1, math.ceil(duration - 1e-9))
 
 
-def _version(lease: Any) -> str:
+def _metadata(lease: Lease) -> dict[str, Any]:
+    return lease.get("metadata") or {}
+
+
+def _spec_of(lease: Lease) -> dict[str, Any]:
+    return lease.get("spec") or {}
+
+
+def _version(lease: Lease) -> str:
     """What the elector compares (rule 2): the Lease's uid with its resourceVersion. A
     resourceVersion alone can repeat after the API server's storage is restored or wiped (the
     revisions start again) and then name another object; the uid is new for every object."""
-    return f"{lease.metadata.uid or ''}/{lease.metadata.resource_version}"
+    metadata = _metadata(lease)
+    return f"{metadata.get('uid') or ''}/{metadata.get('resourceVersion')}"
 
 
 def _newer(candidate: str | None, current: str | None) -> bool:
@@ -131,7 +148,7 @@ class KubernetesLeaseStore:
         self._clock = clock
         self._rng = rng or random.Random()
         # What this process last saw of the Lease: the body a conditional write starts from.
-        self._lease: Any = None
+        self._lease: Lease | None = None
         self.uid: str | None = None
         # The last holder seen in any observation, and who held the lease before our latest
         # grant: the demotion actions relabel that pod, even when it released the lease first.
@@ -144,37 +161,37 @@ class KubernetesLeaseStore:
 
     # -- observing --------------------------------------------------------------------------
 
-    def _observe(self, lease: Any) -> LeaseRecord | None:
+    def _observe(self, lease: Lease | None) -> LeaseRecord | None:
         """Remember ``lease`` (None: it does not exist) and turn it into a record."""
         if lease is None:
             self._lease = None
             return None
-        version = str(lease.metadata.resource_version)
+        version = str(_metadata(lease).get("resourceVersion"))
         if self._lease is not None and not _newer(
-            version, str(self._lease.metadata.resource_version)
+            version, str(_metadata(self._lease).get("resourceVersion"))
         ):
             return self._record(lease)  # a late watch event: keep the fresher state
         self._lease = lease
-        self.uid = lease.metadata.uid or self.uid
+        self.uid = _metadata(lease).get("uid") or self.uid
         record = self._record(lease)
         self.last_holder = record.holder or self.last_holder
         return record
 
-    def _record(self, lease: Any) -> LeaseRecord:
-        spec = lease.spec
-        holder = (spec.holder_identity if spec else None) or None
-        annotations = lease.metadata.annotations or {}
-        seconds = spec.lease_duration_seconds if spec else None
+    def _record(self, lease: Lease) -> LeaseRecord:
+        spec = _spec_of(lease)
+        holder = spec.get("holderIdentity") or None
+        annotations = _metadata(lease).get("annotations") or {}
+        seconds = spec.get("leaseDurationSeconds")
         duration = float(seconds) if seconds and seconds > 0 else self.default_duration
         return LeaseRecord(
             holder=holder,
-            term=int((spec.lease_transitions if spec else None) or 0),
+            term=int(spec.get("leaseTransitions") or 0),
             duration=duration,
             version=_version(lease),
             released=holder is None,  # an empty holderIdentity: released (or never held)
             successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if holder is None else None,
-            acquired_at=spec.acquire_time if spec else None,
-            renewed_at=spec.renew_time if spec else None,
+            acquired_at=parse_time(spec.get("acquireTime")),
+            renewed_at=parse_time(spec.get("renewTime")),
         )
 
     def _unavailable(self, error: CallError) -> StoreUnavailable:
@@ -182,23 +199,19 @@ class KubernetesLeaseStore:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def _get(self) -> Any:
+    @property
+    def _path(self) -> str:
+        return lease_path(self.namespace, self.name)
+
+    async def _get(self) -> Lease | None:
         """The Lease, or None if it does not exist. Raises StoreUnavailable."""
-        coordination = await self._coordination()
         try:
-            return await self.api.call(
-                "get lease",
-                lambda: coordination.read_namespaced_lease(
-                    self.name, self.namespace, _request_timeout=self.api.request_timeout
-                ),
-            )
+            lease: Lease = await self.api.request("get lease", "GET", self._path)
         except CallError as error:
             if error.status == 404:
                 return None
             raise self._unavailable(error) from None
-
-    async def _coordination(self) -> Any:
-        return await coordination(self.api)
+        return lease
 
     async def _reread(self) -> LeaseRecord | None:
         """After a lost compare-and-swap: what is there now (None if it cannot be read)."""
@@ -207,37 +220,32 @@ class KubernetesLeaseStore:
         except StoreUnavailable:
             return None
 
-    def _spec(self, identity: str, duration: float, term: int, acquired: bool) -> Any:
-        from kubernetes.aio import client
-
-        now = MicroTime.at(self._clock.wall())
-        return client.V1LeaseSpec(
-            holder_identity=identity,
-            lease_duration_seconds=whole_seconds(duration),
-            acquire_time=now if acquired else None,
-            renew_time=now,
-            lease_transitions=term,
-        )
+    def _spec(self, identity: str, duration: float, term: int, acquired: bool) -> dict[str, Any]:
+        now = MicroTime.at(self._clock.wall()).isoformat()
+        spec: dict[str, Any] = {
+            "holderIdentity": identity,
+            "leaseDurationSeconds": whole_seconds(duration),
+            "renewTime": now,
+            "leaseTransitions": term,
+        }
+        if acquired:
+            spec["acquireTime"] = now
+        return spec
 
     async def _create(self, identity: str, duration: float, term: int) -> LeaseRecord:
         """POST the Lease with ``term``. A 409 AlreadyExists is a `Conflict`."""
-        from kubernetes.aio import client
-
-        coordination = await self._coordination()
-        body = client.V1Lease(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            metadata=client.V1ObjectMeta(
-                name=self.name, namespace=self.namespace, labels=self.labels or None
-            ),
-            spec=self._spec(identity, duration, max(1, term), acquired=True),
-        )
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": self._spec(identity, duration, max(1, term), acquired=True),
+        }
         try:
-            created = await self.api.call(
-                "create lease",
-                lambda: coordination.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=self.api.request_timeout
-                ),
+            created: Lease = await self.api.request(
+                "create lease", "POST", lease_path(self.namespace), body=body
             )
         except CallError as error:
             if error.status == 409:  # AlreadyExists: another candidate created it first
@@ -250,34 +258,31 @@ class KubernetesLeaseStore:
         return record
 
     async def _patch(
-        self, op: str, lease: Any, spec: dict[str, Any], annotations: dict[str, Any] | None = None
-    ) -> Any:
+        self,
+        op: str,
+        lease: Lease,
+        spec: dict[str, Any],
+        annotations: dict[str, Any] | None = None,
+    ) -> Lease:
         """A merge patch conditional on ``lease``'s resourceVersion, adding our labels and
         ``annotations`` (None deletes a key). Raises CallError for 404 and 409,
         StoreUnavailable for everything else."""
-        coordination = await self._coordination()
         # The uid too: after an etcd restore or wipe, resourceVersions start again, and a
         # number seen before could name another Lease; the uid never repeats (and the API
         # server refuses a write whose uid does not match the object's).
-        metadata: dict[str, Any] = {"resourceVersion": lease.metadata.resource_version}
-        if lease.metadata.uid:
-            metadata["uid"] = lease.metadata.uid
+        metadata: dict[str, Any] = {"resourceVersion": _metadata(lease).get("resourceVersion")}
+        if _metadata(lease).get("uid"):
+            metadata["uid"] = _metadata(lease)["uid"]
         if self.labels:
             metadata["labels"] = self.labels
         if annotations:
             metadata["annotations"] = annotations
         patch = {"metadata": metadata, "spec": spec}
         try:
-            return await self.api.call(
-                op,
-                lambda: coordination.patch_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    patch,
-                    _content_type=MERGE_PATCH,
-                    _request_timeout=self.api.request_timeout,
-                ),
+            written: Lease = await self.api.request(
+                op, "PATCH", self._path, body=patch, content_type=MERGE_PATCH
             )
+            return written
         except CallError as error:
             # 422 on our uid: the name now holds another Lease (see `_version`); decided like a
             # 409, by reading what is there.
@@ -323,35 +328,34 @@ class KubernetesLeaseStore:
         return granted
 
     async def _replace(
-        self, lease: Any, identity: str, duration: float, term: int, *, acquired: bool
-    ) -> Any:
-        """PUT the Lease conditional on ``lease``'s resourceVersion. Raises CallError."""
-        from kubernetes.aio import client
-
-        coordination = await self._coordination()
+        self, lease: Lease, identity: str, duration: float, term: int, *, acquired: bool
+    ) -> Lease:
+        """PUT the Lease conditional on ``lease``'s resourceVersion (and uid: both are in the
+        metadata written back). Raises CallError."""
         spec = self._spec(identity, duration, term, acquired=acquired)
-        if not acquired and lease.spec is not None:
-            spec.acquire_time = lease.spec.acquire_time
+        if not acquired and _spec_of(lease).get("acquireTime"):
+            spec["acquireTime"] = _spec_of(lease)["acquireTime"]  # as the server wrote it
         # Our labels on, the successor off: a grant (or a grant put back) ends a hand-over.
-        metadata = lease.metadata.model_copy()
-        metadata.labels = {**(lease.metadata.labels or {}), **self.labels} or None
-        annotations = dict(lease.metadata.annotations or {})
+        metadata = dict(_metadata(lease))
+        labels = {**(metadata.get("labels") or {}), **self.labels}
+        annotations = dict(metadata.get("annotations") or {})
         annotations.pop(SUCCESSOR_ANNOTATION, None)
-        metadata.annotations = annotations or None
-        body = client.V1Lease(
-            api_version="coordination.k8s.io/v1",
-            kind="Lease",
-            metadata=metadata,
-            spec=spec,
-        )
-        return await self.api.call(
-            "acquire lease" if acquired else "restore lease",
-            lambda: coordination.replace_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self.api.request_timeout
-            ),
-        )
+        for key, value in (("labels", labels), ("annotations", annotations)):
+            if value:
+                metadata[key] = value
+            else:
+                metadata.pop(key, None)
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": spec,
+        }
+        op = "acquire lease" if acquired else "restore lease"
+        written: Lease = await self.api.request(op, "PUT", self._path, body=body)
+        return written
 
-    async def _owned(self, identity: str, term: int) -> Any:
+    async def _owned(self, identity: str, term: int) -> Lease:
         """Our latest view of the Lease if it is ``identity``'s grant of ``term``; else
         NotOwned without writing anything."""
         lease = self._lease if self._lease is not None else await self._get()
@@ -392,27 +396,21 @@ class KubernetesLeaseStore:
                 f"held by {record.holder} with term {record.term}, not {identity} with {term}",
                 record,
             )
-        spec = self._spec(identity, duration, term, acquired=False)
         try:
             written = await self._patch(
-                "renew lease",
-                lease,
-                {
-                    "holderIdentity": identity,
-                    "leaseDurationSeconds": spec.lease_duration_seconds,
-                    "renewTime": spec.renew_time.isoformat(),
-                    "leaseTransitions": term,
-                },
+                "renew lease", lease, self._spec(identity, duration, term, acquired=False)
             )
         except CallError as error:
             if error.status == 404:  # deleted since we last saw it
                 return await self._restore(None, identity, term, duration)
             raise await self._after_failed_write(error, identity, term) from None
-        record = self._observe(written)
-        assert record is not None
-        return record
+        renewed = self._observe(written)
+        assert renewed is not None
+        return renewed
 
-    async def _restore(self, lease: Any, identity: str, term: int, duration: float) -> LeaseRecord:
+    async def _restore(
+        self, lease: Lease | None, identity: str, term: int, duration: float
+    ) -> LeaseRecord:
         """The Lease is gone (``lease`` None) or holds an older term: the store lost our
         grant. Put it back — create it, or overwrite the older one conditionally — so the
         others see our name and term again (rule 5)."""

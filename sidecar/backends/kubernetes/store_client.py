@@ -1,6 +1,6 @@
 """Many Leases on one connection: the Kubernetes `StoreClient`.
 
-One `KubeApi` (one ``ApiClient``, one aiohttp connection pool) serves every lease and the
+One `KubeApi` (one aiohttp session, one connection pool) serves every lease and the
 candidate registry. How the leases are watched depends on how many there are:
 
 * up to `PER_NAME_WATCH_LIMIT`: one watch per Lease, ``fieldSelector=metadata.name=<lease>``,

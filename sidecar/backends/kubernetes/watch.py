@@ -6,6 +6,10 @@ resourceVersion when the server ends a watch cleanly (``timeoutSeconds``); list 
 Gone and after any broken connection (the API server may have restarted with its storage wiped
 or restored, and resuming from a resourceVersion it no longer knows can be silent); back off,
 jittered, while the API is unreachable or refuses.
+
+A watch is a streaming GET (``?watch=1&resourceVersion=…&allowWatchBookmarks=true&
+timeoutSeconds=…``) answering one JSON event per line. A line longer than `MAX_EVENT_LINE`
+breaks the watch (and the loop lists again) rather than growing the buffer without bound.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
+
 from sidecar.backends.base import StoreUnavailable
-from sidecar.backends.kubernetes.client import CallError, KubeApi
+from sidecar.backends.kubernetes.client import CallError, KubeApi, lease_path
 
 
 class Relist(Exception):
@@ -38,7 +44,7 @@ class Selection:
     label_selector: str | None = None
 
     def query(self) -> dict[str, str]:
-        selectors = {"field_selector": self.field_selector, "label_selector": self.label_selector}
+        selectors = {"fieldSelector": self.field_selector, "labelSelector": self.label_selector}
         return {key: value for key, value in selectors.items() if value}
 
 
@@ -54,66 +60,41 @@ def unavailable(error: CallError, namespace: str) -> StoreUnavailable:
     return StoreUnavailable(str(error))
 
 
-async def coordination(api: KubeApi) -> Any:
-    try:
-        return await api.coordination()
-    except Exception as exc:
-        raise StoreUnavailable(f"cannot load the Kubernetes client configuration: {exc}") from exc
-
-
-async def list_leases(api: KubeApi, selection: Selection, op: str) -> tuple[list[Any], str]:
+async def list_leases(
+    api: KubeApi, selection: Selection, op: str
+) -> tuple[list[dict[str, Any]], str]:
     """The selected Leases and the list's resourceVersion. Raises StoreUnavailable."""
-    leases = await coordination(api)
     try:
-        listed = await api.call(
-            op,
-            lambda: leases.list_namespaced_lease(
-                selection.namespace, **selection.query(), _request_timeout=api.request_timeout
-            ),
+        listed = await api.request(
+            op, "GET", lease_path(selection.namespace), query=selection.query()
         )
     except CallError as error:
         raise unavailable(error, selection.namespace) from None
-    return list(listed.items or []), str(listed.metadata.resource_version)
+    items = [item for item in listed.get("items") or [] if isinstance(item, dict)]
+    return items, str((listed.get("metadata") or {}).get("resourceVersion"))
 
 
 async def stream_leases(
     api: KubeApi, selection: Selection, version: str, timeout: float, op: str
-) -> AsyncIterator[tuple[str, Any, str]]:
+) -> AsyncIterator[tuple[str, dict[str, Any] | None, str]]:
     """(event type, Lease or None, resourceVersion to resume from) per watch event. Ends when
     the server ends the watch; raises `Relist`, `WatchBroken`, CallError or StoreUnavailable."""
-    from kubernetes.aio import client
-
-    leases = await coordination(api)
-    response = await api.call(
-        op,
-        lambda: leases.list_namespaced_lease_without_preload_content(
-            selection.namespace,
-            **selection.query(),
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            watch=True,
-            timeout_seconds=int(timeout),
-            _request_timeout=timeout + api.request_timeout,
-        ),
-    )
-    try:
+    query = {
+        **selection.query(),
+        "watch": "1",
+        "resourceVersion": version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(int(timeout)),
+    }
+    async with api.stream(op, lease_path(selection.namespace), query, timeout) as response:
         if response.status == 410:
             raise Relist(f"HTTP 410 for resourceVersion {version}")
         if response.status != 200:
-            body = await response.text()
+            body = await _text(response)
             if response.status == 403:
                 api.log_forbidden(op, body.strip()[:300])
             raise WatchBroken(f"watch answered HTTP {response.status}: {body.strip()[:300]}")
-        while True:
-            try:
-                async with asyncio.timeout(timeout + api.request_timeout):
-                    line = await response.content.readline()
-            except TimeoutError:
-                raise WatchBroken("the watch stream went silent") from None
-            except Exception as exc:  # aiohttp payload/connection errors
-                raise WatchBroken(f"{type(exc).__name__}: {exc}") from exc
-            if not line:
-                return  # the server ended the watch (timeoutSeconds): resume from version
+        async for line in event_lines(response.content, timeout + api.request_timeout):
             event = json.loads(line)
             kind = event.get("type")
             raw = event.get("object") or {}
@@ -126,6 +107,48 @@ async def stream_leases(
             if kind == "BOOKMARK":
                 yield kind, None, resume_at
                 continue
-            yield kind, client.V1Lease.from_dict(raw), resume_at
-    finally:
-        response.release()
+            yield kind, raw, resume_at
+
+
+MAX_EVENT_LINE = 4 * 1024 * 1024
+"""Bytes in one watch event line. etcd refuses objects over 1.5 MiB by default; a Lease is
+a few hundred bytes, a candidates Lease at most its 256 KiB of annotations."""
+
+
+async def event_lines(
+    content: aiohttp.StreamReader, silence: float, limit: int = MAX_EVENT_LINE
+) -> AsyncIterator[bytes]:
+    """The non-empty lines of a watch body until the server ends it. Raises `WatchBroken` when
+    nothing arrives for ``silence`` seconds, the connection breaks, or a line passes
+    ``limit`` bytes."""
+    buffer = bytearray()
+    while True:
+        try:
+            async with asyncio.timeout(silence):
+                chunk = await content.readany()
+        except TimeoutError:
+            raise WatchBroken("the watch stream went silent") from None
+        except Exception as exc:  # aiohttp payload/connection errors
+            raise WatchBroken(f"{type(exc).__name__}: {exc}") from exc
+        if not chunk:
+            if buffer.strip():
+                yield bytes(buffer)  # a last line without its newline
+            return  # the server ended the watch (timeoutSeconds): resume from version
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if len(line) > limit:
+                raise WatchBroken(f"a watch event longer than {limit} bytes; refused")
+            if line.strip():
+                yield line
+        if len(buffer) > limit:
+            raise WatchBroken(f"a watch event longer than {limit} bytes; refused")
+
+
+async def _text(response: aiohttp.ClientResponse) -> str:
+    try:
+        async with asyncio.timeout(5):
+            return (await response.content.read(64 * 1024)).decode(errors="replace")
+    except Exception as exc:
+        return f"({type(exc).__name__} reading the answer)"
