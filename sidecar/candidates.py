@@ -32,9 +32,9 @@ class _Seen:
 class CandidateView:
     """What this replica has seen of the candidate records. Pure bookkeeping, no I/O."""
 
-    def __init__(self, me: Candidate, lease_duration: float) -> None:
+    def __init__(self, me: Candidate, alive_for: float) -> None:
         self.me = me
-        self.lease_duration = lease_duration
+        self.alive_for = alive_for  # a record whose version stood still this long is dead
         self._seen: dict[str, _Seen] = {}
         self.listed = False  # the registry answered at least once
 
@@ -57,7 +57,7 @@ class CandidateView:
         alive = {
             identity: seen.record
             for identity, seen in self._seen.items()
-            if now - seen.since < self.lease_duration and not seen.record.leaving
+            if now - seen.since < self.alive_for and not seen.record.leaving
         }
         alive.pop(self.me.identity, None)
         if not self.me.leaving:
@@ -106,31 +106,45 @@ class CandidateBeat:
         self._on_change = on_change
         self._throttle = Throttle()
         self._wake = asyncio.Event()
+        self.listed_at = float("-inf")  # when the others' records were last read
 
     async def once(self) -> bool:
         """One beat and one listing. True when both answered."""
         try:
             async with asyncio.timeout(self.request_timeout):
                 await self.registry.beat(self.view.me, self.lease_duration)
-            async with asyncio.timeout(self.request_timeout):
+        except (StoreError, TimeoutError) as exc:
+            self._failed(exc)
+            return False
+        return await self.refresh(self.request_timeout)
+
+    async def refresh(self, timeout: float) -> bool:
+        """One listing: the others' records as they are now. True when it answered."""
+        try:
+            async with asyncio.timeout(timeout):
                 records = await self.registry.list()
         except (StoreError, TimeoutError) as exc:
-            if self._throttle.allow():
-                log(
-                    logger,
-                    "warning",
-                    "could not refresh the candidate records; leases stay as they are",
-                    error=str(exc) or type(exc).__name__,
-                    suppressed=self._throttle.take_suppressed(),
-                )
+            self._failed(exc)
             return False
-        before = [c.identity for c in self.view.live(self._clock.now())]
-        self.view.observe(records, self._clock.now())
-        after = [c.identity for c in self.view.live(self._clock.now())]
+        now = self._clock.now()
+        before = [c.identity for c in self.view.live(now)]
+        self.view.observe(records, now)
+        self.listed_at = now
+        after = [c.identity for c in self.view.live(now)]
         if before != after:
             log(logger, "info", "candidates changed", live=len(after), candidates=after)
         self._on_change()
         return True
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._throttle.allow():
+            log(
+                logger,
+                "warning",
+                "could not refresh the candidate records; leases stay as they are",
+                error=str(exc) or type(exc).__name__,
+                suppressed=self._throttle.take_suppressed(),
+            )
 
     def wake(self) -> None:
         self._wake.set()

@@ -107,8 +107,16 @@ class LeaseSet:
         rng: random.Random | None = None,
     ) -> LeaseSet:
         """``names``: (store name, name users see — ``namespace/name`` on Kubernetes)."""
+        names = list(names)
         me = Candidate(identity, "", revision, priority, False, clock.wall())
-        view = CandidateView(me, timing.lease_duration)
+        # Several leases: the balancer needs to know within about a lease who is alive, so
+        # beat every renew interval. One lease: the candidates only steer a hand-over (which
+        # refreshes them first), so beat every half lease and judge alive over 1.5 leases —
+        # the store's load stays near a lone leader's.
+        several = len(names) > 1
+        interval = timing.renew_interval if several else timing.lease_duration / 2
+        alive_for = timing.lease_duration if several else 1.5 * timing.lease_duration
+        view = CandidateView(me, alive_for)
         electors: dict[str, Elector] = {}
         lease_set = cls(electors, client=client, clock=clock)
         lease_set.stand_back = stand_back
@@ -132,7 +140,7 @@ class LeaseSet:
             client.candidates(group),
             view,
             timing.lease_duration,
-            timing.renew_interval,
+            interval,
             timing.request_timeout,
             clock=clock,
             on_change=lease_set._candidates_changed,
@@ -181,7 +189,7 @@ class LeaseSet:
     async def prime(self, timeout: float) -> None:
         """One candidate beat before any elector runs, so that the first shares count the
         replicas already there (fewer hand-overs at start-up)."""
-        if self.beat is not None and len(self.electors) > 1:
+        if self.beat is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self.beat.once()
@@ -356,7 +364,15 @@ class LeaseSet:
         release naming the successor. Returns (leases handed over, successor)."""
         return await on_loop(self._loop, self._transfer(lease, to))
 
+    async def _fresh_candidates(self, timeout: float) -> None:
+        """Before choosing a successor: read the candidates again unless they were read within
+        the last second (a replica that just became ready, one that just left). A rolling
+        update measured stale lists handing the lease to an old replica, or a departed one."""
+        if self.beat is not None and self._clock.now() - self.beat.listed_at > 1.0:
+            await self.beat.refresh(timeout)
+
     async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
+        await self._fresh_candidates(self.primary.timing.request_timeout)
         if lease is not None:
             elector = self.get(lease)
             if elector is None:
@@ -383,6 +399,8 @@ class LeaseSet:
         return await on_loop(self._loop, self._release(lease))
 
     async def _release(self, lease: str | None) -> bool:
+        if len(self.electors) > 1:
+            await self._fresh_candidates(self.primary.timing.request_timeout)
         if lease is None:
             names = self.held()
         else:
@@ -404,6 +422,7 @@ class LeaseSet:
         (a replica of the newer revision in a rolling update), remove its record."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
+        await self._fresh_candidates(min(0.25, budget / 4))
         successors = self._successors(self.held())
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
