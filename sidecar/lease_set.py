@@ -31,6 +31,7 @@ from sidecar.observed import Attempt
 logger = logging.getLogger("sidecar.leases")
 
 HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move together
+ROLLOUT_QUIET = 4  # leases a mix of revisions must stand still before it balances as one
 ACQUIRE_CONCURRENCY = 8  # acquires in flight at once: renewals never queue behind hundreds
 
 
@@ -84,6 +85,8 @@ class LeaseSet:
         self._counted: tuple[float, dict[str, int]] | None = None
         self.slots = AcquireSlots(ACQUIRE_CONCURRENCY)
         self._last_change = float("-inf")  # when some lease's holder or term last changed
+        self._mix: tuple[tuple[str, str], ...] = ()  # live candidates and their revisions
+        self._mix_changed = float("-inf")
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -307,8 +310,9 @@ class LeaseSet:
                 await asyncio.sleep(quiet_for - quiet)
                 self._rebalance.set()
                 continue
-            live = [c.identity for c in self._live()]
-            moves = [m for m in plan(self.holders(), live) if m.giver == self.identity]
+            candidates = self._live()
+            live = [c.identity for c in candidates]
+            moves = [m for m in self._plan(candidates) if m.giver == self.identity]
             if moves:
                 log(
                     logger,
@@ -320,6 +324,32 @@ class LeaseSet:
                     share=share(len(self.electors), len(live)),
                 )
                 await self._hand_over(moves, "balance")
+
+    def _plan(self, candidates: list[Candidate]) -> list[Move]:
+        """The balancer's moves. While the mix of live revisions keeps changing (a rolling
+        update: new replicas join, old ones leave), move leases only between replicas of one
+        revision: a lease pulled to a new replica now and then handed on when an old one
+        leaves would move twice. Old replicas hand their leases to new ones as they leave (see
+        `_successors`), so each lease moves once; once the mix has stood still for
+        `ROLLOUT_QUIET` leases (a canary kept beside the old revision), all balance as one."""
+        holders = self.holders()
+        now = self._clock.now()
+        mix = tuple(sorted((c.identity, c.revision) for c in candidates))
+        if mix != self._mix:
+            self._mix, self._mix_changed = mix, now
+        revisions = {c.revision for c in candidates}
+        quiet = ROLLOUT_QUIET * self.primary.timing.lease_duration
+        if len(revisions) < 2 or now - self._mix_changed >= quiet:
+            return plan(holders, [c.identity for c in candidates])
+        live = {c.identity for c in candidates}
+        if any(holder not in live for holder in holders.values()):
+            return []  # as in `plan`: unheld leases are taken first
+        moves: list[Move] = []
+        for revision in sorted(revisions):
+            group = [c.identity for c in candidates if c.revision == revision]
+            mine = {lease: holder for lease, holder in holders.items() if holder in group}
+            moves += plan(mine, group)
+        return moves
 
     async def _hand_over(self, moves: list[Move], why: str) -> int:
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)

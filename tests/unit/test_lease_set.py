@@ -298,3 +298,30 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(cluster_of) -> Non
     await cluster.until(lambda: cluster.held().get("new-a") == 1, 1, "new-a leads")
     assert cluster.held()["old-b"] == 0
     assert cluster.violations == []
+
+
+async def test_a_rolling_update_moves_each_shard_once(cluster_of) -> None:
+    """Two old replicas (v1) hold 4 shards each; two new ones (v2) join, then the old ones
+    stop one by one (a Deployment's rolling update). The new replicas get nothing while
+    they join (the mix of revisions is changing: a rollout), and each old replica hands
+    its shards to new ones as it leaves: 8 shards, 8 leader changes."""
+    cluster = cluster_of(8)
+    await cluster.start("old-a", revision="v1")
+    await cluster.start("old-b", revision="v1")
+    await cluster.until(lambda: sorted(cluster.held().values()) == [4, 4], 4, "4 each")
+    await cluster.until(cluster.observed_up_to_date, 1, "the observer caught up")
+    changes = cluster.changes
+    await cluster.start("new-a", revision="v2")
+    await cluster.start("new-b", revision="v2")
+    await asyncio.sleep(8 * TIMING.renew_interval)  # a balancer would have moved shards by now
+    assert cluster.held()["new-a"] == cluster.held()["new-b"] == 0
+    assert cluster.changes == changes
+    for old in ("old-a", "old-b"):
+        await asyncio.sleep(2 * TIMING.renew_interval)  # the others see it before it leaves
+        await cluster.stop(old)
+    await cluster.until(
+        lambda: sorted(cluster.held().values()) == [4, 4], 4, "the new replicas hold all"
+    )
+    await cluster.until(cluster.observed_up_to_date, 1, "the observer caught up")
+    assert cluster.changes - changes == 8
+    assert cluster.violations == []
