@@ -117,6 +117,10 @@ SWITCHES: dict[str, dict[str, Any]] = {
             "idleTimeout": "5s",
         },
     },
+    "many-shards": {  # past 10 leases: one labelled watch, list/watch without names
+        **EXAMPLE,
+        "lease": {"name": "jobs", "shards": 12},
+    },
     "shards": {
         **EXAMPLE,
         "lease": {

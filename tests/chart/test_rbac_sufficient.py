@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from sidecar.backends.kubernetes.client import RBAC_FIX
@@ -219,6 +220,43 @@ async def test_the_charts_role_is_enough_for_election_hand_off_labels_and_events
     assert {r["rbac"]["name"] for r in sidecars if r["rbac"]["verb"] in ("list", "watch")} == {
         chart.lease
     }
+
+
+async def test_the_charts_role_is_enough_for_twelve_shards(helm: Helm, tmp_path: Path) -> None:
+    """Past 10 leases the sidecar watches its Leases in one labelled stream, which the Role
+    allows by a list/watch rule without names; writes stay limited by name. Every shard gets
+    a leader, nothing is refused, and every grant is used."""
+    chart = render(helm, "many-shards")
+    names = {f"jobs-{i}" for i in range(12)}
+    with enforcing(chart, chart.rbac) as fake, three_sidecars(fake, chart, tmp_path) as procs:
+
+        async def every_shard_led() -> bool:
+            led = set()
+            async with aiohttp.ClientSession() as session:
+                for proc in procs:
+                    async with session.get(f"http://{proc.local}/leases") as response:
+                        body = await response.json()
+                    led |= {e["lease"].split("/")[-1] for e in body["leases"] if e["leader"]}
+            return led == names
+
+        deadline = time.monotonic() + 20
+        while not await every_shard_led():
+            assert time.monotonic() < deadline, "not every shard got a leader"
+            await asyncio.sleep(0.2)
+        requests = await asyncio.to_thread(fake.requests)
+    sidecars = [r for r in requests if r["user_agent"] == "leader-sidecar"]
+    refused = [r for r in sidecars if r["status"] in (401, 403)]
+    assert refused == [], refused[:5]
+    used = {
+        (r["rbac"]["namespace"], r["rbac"]["group"], r["rbac"]["resource"], r["rbac"]["verb"])
+        for r in sidecars
+        if r["rbac"]["allowed"]
+    }
+    # Events and the candidates Lease's patch are used too; no pod label with several leases.
+    assert used == granted(chart.rbac)
+    # Writes by name only: every update/patch named one of the leases or the candidates.
+    written = {r["rbac"]["name"] for r in sidecars if r["rbac"]["verb"] in ("update", "patch")}
+    assert written <= names | {"jobs-candidates"}
 
 
 async def test_without_pods_patch_the_sidecar_still_leads_but_is_refused_and_says_why(
