@@ -373,6 +373,16 @@ class Elector:
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
+        if self._view.blind:
+            # A request failed since we last saw the store: look before taking anything, so
+            # a loss we could not see (the store restarted meanwhile) is waited out on its own.
+            try:
+                record = await self._call("read", self.store.read, self.timing.request_timeout)
+            except StoreError:
+                self._view.lost_sight()
+                return self._retry_delay()
+            self._observe(record)
+            return self._follower_delay()
         attempt = self._view.next_attempt(sent)
         if sent < self._hold_off_until and attempt.why != "handed":
             # Rule 7: after a voluntary release, stand back for one lease — unless the lease
@@ -408,6 +418,7 @@ class Elector:
                 return await self._acquire(now, second_try=True)
             return self._follower_delay(raced=isinstance(refused, Conflict))
         except StoreError:
+            self._view.lost_sight()
             return self._retry_delay()
         if record.holder != self.identity or record.term <= attempt.min_term:
             # A store that broke its contract: leading on a reused term would break fencing.

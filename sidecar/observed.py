@@ -23,7 +23,9 @@ This is the one place where expiry is decided, the same way for every store:
   term of a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP``
   such grants can be missed in a watch's delay), nor the term of another replica's grant after
   an earlier loss of the same run. Losses it may have missed while it saw nothing count too:
-  one per lease of silence before the loss it sees.
+  one per lease of silence before the loss it sees, and one for a loss still shown after a
+  request failed (the store may have come back from a second loss this replica could not
+  see: that restarts the wait too).
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class LeaseView:
         self.loss_since: float | None = None  # start of the current loss's wait (rule 8)
         self.losses_in_a_row = 0  # losses counted since the store last showed a current term
         self._last_seen_at: float | None = None  # the previous observation's time
+        # A request failed since the last observation: the store may have lost state while
+        # this replica could not see it (a grant made and forgotten meanwhile). The next
+        # observation that still shows a loss counts as a new loss and restarts the wait.
+        self.blind = False
 
     # -- observing ---------------------------------------------------------------------
 
@@ -81,6 +87,7 @@ class LeaseView:
         may have changed (a store that shows no record has no version to compare, so each such
         delivery counts as a change). Returns True when this observation began a new loss."""
         previous_at, self._last_seen_at = self._last_seen_at, at
+        blind, self.blind = self.blind, False
         key = record.version if record is not None else ABSENT
         changed = key != self._key or (from_watch and record is None)
         behind = self.seen_anything and (
@@ -100,11 +107,15 @@ class LeaseView:
             if record is not None and (record.holder is not None or record.released):
                 self.losses_in_a_row = 0  # the store shows a grant or release as new as any
             return False
-        if self.loss_since is None or changed:
+        if self.loss_since is None or changed or blind:
             self.loss_since = at
             self.losses_in_a_row += 1 + self._losses_unseen(previous_at, at)
             return True
         return False
+
+    def lost_sight(self) -> None:
+        """A request to the store failed: see `blind`."""
+        self.blind = True
 
     def _losses_unseen(self, previous_at: float | None, at: float) -> int:
         """Losses this replica may have missed while it saw nothing (its watch was down): a

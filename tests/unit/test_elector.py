@@ -378,6 +378,34 @@ async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: Worl
     assert c.status().term > b_term
 
 
+async def test_case1_a_second_loss_hidden_by_an_outage_is_waited_out_too(world: World) -> None:
+    """The sharded chaos run (seed 1555969620): c waits out a loss; b, granted after it, is
+    forgotten by a second loss while c cannot reach the store (its attempt fails), and c's
+    watch never shows the second loss (the store looks as empty as before). c must not take
+    the lease at once when the store answers again — that grant would repeat b's term."""
+    a, b, c = world.elector("a"), world.elector("b"), world.elector("c", {"acquire", "read"})
+    await a.step()
+    await b.step()
+    await c.step()
+    world.state.delete()  # loss 1
+    b.on_watch(None)
+    c.on_watch(None)
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()
+    assert b.status().leader
+    b_term = b.status().term
+    store_of(c).fail_next("acquire", StoreUnavailable("the API server restarts"))
+    await c.step()  # c's attempt meets the outage; meanwhile the store forgets b's grant
+    world.state.delete()  # loss 2, unseen by c
+    world.clock.advance(TIMING.retry_period * 1.5)
+    await c.step()  # the store answers again, and looks as empty as c last saw it
+    assert not c.status().leader, "took the lease right after an outage that hid a loss"
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await c.step()
+    assert c.status().leader
+    assert c.status().term > b_term
+
+
 async def test_case2_a_grant_the_store_forgot_is_never_granted_again(world: World) -> None:
     """Issue 9, case 2: c was granted term 2, b never saw it, then the store lost it. b's
     grant after the loss must not be term 2 (a fence would accept both)."""
