@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.clock import build_shim
-from tests.chaos.cluster import SHARDED_OBSERVER_INTERVAL, Cluster, lease_of
+from tests.chaos.cluster import Cluster, lease_of
 from tests.chaos.faults import ACTIONS, FaultRecord
 from tests.chaos.judge import (
     KNOWN_LIMIT,
@@ -187,7 +187,7 @@ async def test_chaos_shards(store_name: str, tmp_path: Path, chaos_seed: int) ->
         quiet = time.time()
         await _settle(SETTLE_LEASES * LEASE)  # balance and hand-overs come to rest
         settled = time.time()
-        await _settle(2 * SHARDED_OBSERVER_INTERVAL + 0.2)  # a fresh answer from everyone
+        await _settle(LEASE)  # a lease of answers from everyone: every shard must be led
         finished = time.time()
         balance = _balance(cluster, leases, settled)
         for writer in cluster.writers:

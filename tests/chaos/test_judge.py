@@ -230,8 +230,8 @@ def test_sharded_runs_are_judged_lease_by_lease() -> None:
     assert any(v.judgment.startswith("fenced write accepted below") for v in found)
 
 
-def test_a_shard_without_exactly_one_leader_after_settling_is_a_violation() -> None:
-    """Liveness at the end of a sharded run: one leader per shard in the last answers."""
+def test_a_shard_without_a_leader_after_settling_is_a_violation() -> None:
+    """Liveness at the end of a sharded run: every shard led in some answer after settling."""
     samples = [
         *on_lease(reign("a", "a_1", 1, T0, T0 + 2.0), "jobs-0"),
         *on_lease([answer("a", T0 + 1.99, "a_1", 1, None)], "jobs-1"),
@@ -239,4 +239,4 @@ def test_a_shard_without_exactly_one_leader_after_settling_is_a_violation() -> N
     run = facts(samples)
     assert not unled_after_settling(run, ["jobs-0"], T0 + 1.5)
     (violation,) = unled_after_settling(run, ["jobs-0", "jobs-1"], T0 + 1.5)
-    assert violation.detail.startswith("[jobs-1] 0 leader(s)")
+    assert violation.detail.startswith("[jobs-1] no replica answered leader")
