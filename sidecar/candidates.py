@@ -68,6 +68,10 @@ class CandidateView:
         return [seen.record for _, seen in sorted(self._seen.items())]
 
 
+def _outcome(exc: BaseException) -> str:
+    return "timeout" if isinstance(exc, TimeoutError) else "unavailable"
+
+
 def successor_order(me: Candidate) -> Callable[[Candidate], tuple[int, int, datetime, str]]:
     """Sort key, best successor last: higher ``--priority`` first; then a replica of another
     revision than ours (in a rolling update the terminating replica is the old revision, so
@@ -96,8 +100,14 @@ class CandidateBeat:
         *,
         clock: Clock = SYSTEM_CLOCK,
         on_change: Callable[[], None] = lambda: None,
+        needs_list: Callable[[], bool] = lambda: True,
+        count: Callable[[str, str, float], None] = lambda op, outcome, seconds: None,
     ) -> None:
         self.registry = registry
+        # Whether the periodic beat also reads everyone's records (with one lease only the
+        # leader needs them, and it reads them again before any hand-over anyway).
+        self._needs_list = needs_list
+        self._count = count  # store requests, into the sidecar's own metrics
         self.view = view
         self.lease_duration = lease_duration
         self.interval = interval
@@ -109,23 +119,31 @@ class CandidateBeat:
         self.listed_at = float("-inf")  # when the others' records were last read
 
     async def once(self) -> bool:
-        """One beat and one listing. True when both answered."""
+        """One beat and (when needed) one listing. True when they answered."""
+        started = self._clock.now()
         try:
             async with asyncio.timeout(self.request_timeout):
                 await self.registry.beat(self.view.me, self.lease_duration)
         except (StoreError, TimeoutError) as exc:
+            self._count("candidate_beat", _outcome(exc), self._clock.now() - started)
             self._failed(exc)
             return False
+        self._count("candidate_beat", "ok", self._clock.now() - started)
+        if not self._needs_list():
+            return True
         return await self.refresh(self.request_timeout)
 
     async def refresh(self, timeout: float) -> bool:
         """One listing: the others' records as they are now. True when it answered."""
+        started = self._clock.now()
         try:
             async with asyncio.timeout(timeout):
                 records = await self.registry.list()
         except (StoreError, TimeoutError) as exc:
+            self._count("candidate_list", _outcome(exc), self._clock.now() - started)
             self._failed(exc)
             return False
+        self._count("candidate_list", "ok", self._clock.now() - started)
         now = self._clock.now()
         before = [c.identity for c in self.view.live(now)]
         self.view.observe(records, now)

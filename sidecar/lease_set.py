@@ -147,6 +147,8 @@ class LeaseSet:
             timing.request_timeout,
             clock=clock,
             on_change=lease_set._candidates_changed,
+            needs_list=lambda: several or bool(lease_set.held()),
+            count=lease_set.primary.metrics.store_request,
         )
         return lease_set
 
@@ -395,10 +397,12 @@ class LeaseSet:
         return await on_loop(self._loop, self._transfer(lease, to))
 
     async def _fresh_candidates(self, timeout: float) -> None:
-        """Before choosing a successor: read the candidates again unless they were read within
-        the last second (a replica that just became ready, one that just left). A rolling
-        update measured stale lists handing the lease to an old replica, or a departed one."""
-        if self.beat is not None and self._clock.now() - self.beat.listed_at > 1.0:
+        """Before choosing a successor, read the candidates again: in a rolling update the
+        controller stops an old pod right after a new one turned ready, so a list read even a
+        moment before may miss the very replica the lease should go to (the rollout benchmark
+        saw stale lists hand the lease to an old replica, or to one already gone). One round
+        trip on the hand-over."""
+        if self.beat is not None:
             await self.beat.refresh(timeout)
 
     async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
@@ -454,6 +458,14 @@ class LeaseSet:
         deadline = loop.time() + budget
         await self._fresh_candidates(min(0.25, budget / 4))
         successors = self._successors(self.held())
+        if successors:
+            log(
+                logger,
+                "info",
+                "handing the leases over on shutdown",
+                leases=len(successors),
+                to=sorted(set(successors.values())),
+            )
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
         async def one(name: str) -> bool:
