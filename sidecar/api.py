@@ -302,8 +302,9 @@ async def get_healthz(request: web.Request) -> web.Response:
 async def get_readyz(request: web.Request) -> web.Response:
     """Ready: the store answered within the last lease duration. Independent of leadership,
     so followers stay ready and rolling updates are not blocked."""
-    elector = request.app[LEASES].primary  # one store client: any lease tells
-    if elector.store_answered_within(elector.timing.lease_duration):
+    leases = request.app[LEASES]
+    elector = leases.primary
+    if leases.store_answered_within(elector.timing.lease_duration):
         return web.json_response({"ok": True})
     return web.json_response(
         {

@@ -117,6 +117,7 @@ class CandidateBeat:
         self._throttle = Throttle()
         self._wake = asyncio.Event()
         self.listed_at = float("-inf")  # when the others' records were last read
+        self.answered_at = float("-inf")  # when the store last answered a candidate request
 
     async def once(self) -> bool:
         """One beat and (when needed) one listing. True when they answered."""
@@ -129,6 +130,7 @@ class CandidateBeat:
             self._failed(exc)
             return False
         self._count("candidate_beat", "ok", self._clock.now() - started)
+        self.answered_at = self._clock.now()
         if not self._needs_list():
             return True
         return await self.refresh(self.request_timeout)
@@ -144,6 +146,7 @@ class CandidateBeat:
             self._failed(exc)
             return False
         self._count("candidate_list", "ok", self._clock.now() - started)
+        self.answered_at = self._clock.now()
         now = self._clock.now()
         before = [c.identity for c in self.view.live(now)]
         self.view.observe(records, now)

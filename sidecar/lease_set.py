@@ -169,6 +169,14 @@ class LeaseSet:
     def statuses(self) -> list[LeaderStatus]:
         return [elector.status() for elector in self.electors.values()]
 
+    def store_answered_within(self, seconds: float) -> bool:
+        """For ``/readyz``: did the store answer any of our requests recently — one lease's,
+        or the candidate records'? (With many leases, a replica at its share may send no
+        lease request at all for a while.)"""
+        if self.beat is not None and self._clock.now() - self.beat.answered_at <= seconds:
+            return True
+        return any(e.store_answered_within(seconds) for e in self.electors.values())
+
     def held(self) -> list[str]:
         return [name for name, elector in self.electors.items() if elector.is_leader()]
 
