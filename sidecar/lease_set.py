@@ -337,29 +337,21 @@ class LeaseSet:
 
     def _plan(self, candidates: list[Candidate]) -> list[Move]:
         """The balancer's moves. While the mix of live revisions keeps changing (a rolling
-        update: new replicas join, old ones leave), move leases only between replicas of one
-        revision: a lease pulled to a new replica now and then handed on when an old one
-        leaves would move twice. Old replicas hand their leases to new ones as they leave (see
-        `_successors`), so each lease moves once; once the mix has stood still for
-        `ROLLOUT_QUIET` leases (a canary kept beside the old revision), all balance as one."""
-        holders = self.holders()
+        update: new replicas join, old ones leave), none: a lease pulled to a new replica now,
+        or levelled between new replicas, moves again when the next old one leaves. Old
+        replicas hand their leases to the least loaded new ones as they leave (`_successors`),
+        so each lease moves once and the new replicas end up level. Once the mix has stood
+        still for `ROLLOUT_QUIET` leases (the rollout is over, or a canary stays beside the
+        old revision), all balance as one."""
         now = self._clock.now()
         mix = tuple(sorted((c.identity, c.revision) for c in candidates))
         if mix != self._mix:
             self._mix, self._mix_changed = mix, now
         revisions = {c.revision for c in candidates}
         quiet = ROLLOUT_QUIET * self.primary.timing.lease_duration
-        if len(revisions) < 2 or now - self._mix_changed >= quiet:
-            return plan(holders, [c.identity for c in candidates])
-        live = {c.identity for c in candidates}
-        if any(holder not in live for holder in holders.values()):
-            return []  # as in `plan`: unheld leases are taken first
-        moves: list[Move] = []
-        for revision in sorted(revisions):
-            group = [c.identity for c in candidates if c.revision == revision]
-            mine = {lease: holder for lease, holder in holders.items() if holder in group}
-            moves += plan(mine, group)
-        return moves
+        if len(revisions) > 1 and now - self._mix_changed < quiet:
+            return []
+        return plan(self.holders(), [c.identity for c in candidates])
 
     async def _hand_over(self, moves: list[Move], why: str) -> int:
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
