@@ -251,7 +251,7 @@ class Trial:
         return [f"rollout-{i}" for i in range(self.leases)]
 
 
-def _changes(poller: Poller, replicas: list[SidecarProcess]) -> list[Change]:
+def _changes(poller: Poller, replicas: list[SidecarProcess], after: float = 0.0) -> list[Change]:
     stops: dict[tuple[str, str], list[tuple[float, str]]] = {}
     for replica in replicas:
         for entry in replica.logs:
@@ -264,14 +264,14 @@ def _changes(poller: Poller, replicas: list[SidecarProcess]) -> list[Change]:
     changes = []
     for lease, reigns in by_lease.items():
         reigns.sort()
-        for (_, before), (since, after) in itertools.pairwise(reigns):
-            if before == after:
+        for (_, before), (since, receiver) in itertools.pairwise(reigns):
+            if before == receiver or since < after:  # the start-up's own spreading is no change
                 continue
             # the giver's last demotion at or before the receiver's reign (ms rounding: +2 ms)
             stopped = [s for s in stops.get((lease, before), []) if s[0] <= since + 0.002]
             moment, cause = max(stopped) if stopped else (None, "unseen")
             gap = since - moment if moment is not None else None
-            changes.append(Change(lease, before, after, gap, cause))
+            changes.append(Change(lease, before, receiver, gap, cause))
     return changes
 
 
@@ -333,8 +333,18 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
                 return len(poller.leaders_now(0)) == leases
 
             await _until(all_led, 30, "every lease led")
+            if variant.shards:  # the start-up's spreading over the v1 replicas comes to rest
+
+                async def level() -> bool:
+                    held = Counter(poller.leaders_now(0).values())
+                    return len(poller.leaders_now(0)) == leases and max(held.values()) <= -(
+                        -leases // REPLICAS
+                    )
+
+                await _until(level, 60, "the v1 replicas level")
             await asyncio.sleep(2.0)  # a lease: every replica has seen every candidate
             first = poller.leaders_now(0)
+            rollout_began = time.time()
             order = rng.sample(list(running), len(running))
             position = None
             if leases == 1:
@@ -363,7 +373,7 @@ async def trial(variant: Variant, seed: int, workdir: Path) -> Trial:
         seed,
         [r.name for r in order],
         position,
-        _changes(poller, everyone),
+        _changes(poller, everyone, rollout_began),
         _grants(everyone),
         leases,
         time.monotonic() - began,
