@@ -252,8 +252,12 @@ async def test_the_charts_role_is_enough_for_twelve_shards(helm: Helm, tmp_path:
         for r in sidecars
         if r["rbac"]["allowed"]
     }
-    # Events and the candidates Lease's patch are used too; no pod label with several leases.
-    assert used == granted(chart.rbac)
+    # Nothing beyond the Role, and what every run needs was used: the labelled list/watch,
+    # creates and renewals (merge patches). A takeover PUT (update) happens only when a lease
+    # changes hands, which a quiet start need not do.
+    assert used <= granted(chart.rbac)
+    verbs = {verb for (_ns, _group, resource, verb) in used if resource == "leases"}
+    assert {"get", "list", "watch", "create", "patch"} <= verbs
     # Writes by name only: every update/patch named one of the leases or the candidates.
     written = {r["rbac"]["name"] for r in sidecars if r["rbac"]["verb"] in ("update", "patch")}
     assert written <= names | {"jobs-candidates"}

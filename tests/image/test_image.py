@@ -310,7 +310,11 @@ def test_configured_by_the_chart_it_leads_on_kubernetes_and_labels_its_pod(
     (kubeconfig_dir / "kubeconfig").chmod(0o644)
 
     # The container spec as podman flags: the Downward API fields filled in as the kubelet would.
-    fields = {"metadata.name": pod_name, "metadata.namespace": "default"}
+    fields = {
+        "metadata.name": pod_name,
+        "metadata.namespace": "default",
+        "metadata.labels['pod-template-hash']": "7d9c",  # the chart's --revision
+    }
     flags: list[str] = []
     for var in container["env"]:
         value = (
