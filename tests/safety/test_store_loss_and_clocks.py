@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.chaos.clock import ClockShift, build_shim
@@ -157,6 +158,10 @@ async def test_case4_a_key_the_clock_step_removed_is_not_free_to_a_new_replica(
             try:
                 clock.step(3600.0)  # the leader's key is past its TTL on the server now
                 newcomer = SidecarProcess.start("c", server.url, lease_duration=f"{LEASE}s")
+                # Keep the leader paused until the newcomer has looked at the store (its answer
+                # shows the term it found), so that its first decision meets the missing key,
+                # not a key the resumed leader's renewal already put back.
+                await _until_it_has_seen(newcomer, leader.term or 0, timeout=5.0)
             finally:
                 paused.resume()
             try:
@@ -167,6 +172,19 @@ async def test_case4_a_key_the_clock_step_removed_is_not_free_to_a_new_replica(
                 assert (now.identity, now.term) == (leader.identity, leader.term)
             finally:
                 newcomer.stop()
+
+
+async def _until_it_has_seen(sidecar: SidecarProcess, term: int, timeout: float) -> None:
+    """Until ``sidecar``'s ``/leader`` reports a term of at least ``term`` (it has read the
+    store), or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with session.get(sidecar.leader_url) as response:
+                    if (await response.json()).get("term", 0) >= term:
+                        return
+            await asyncio.sleep(0.01)
 
 
 # -- case 5: a sidecar in its own time namespace (SQLite) ----------------------------------------
