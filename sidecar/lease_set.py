@@ -259,12 +259,11 @@ class LeaseSet:
         if not live:
             return 0.0
         cap = share(len(self.electors), len(live))
-        counts = self._counts()
         # Ours fresh, plus the other acquires in flight (the caller holds one slot itself).
         mine = len(self.held()) + self.slots.busy - 1
         if mine >= cap:
             return self.primary.timing.renew_interval
-        counts[self.identity] = mine
+        counts = {**self._counts(), self.identity: mine}
         takers = [c.identity for c in live if counts.get(c.identity, 0) < cap]
         first = max(takers, key=lambda identity: _rank(elector.lease, identity))
         if first == self.identity:
@@ -353,24 +352,41 @@ class LeaseSet:
             return []
         return plan(self.holders(), [c.identity for c in candidates])
 
-    async def _hand_over(self, moves: list[Move], why: str) -> int:
+    async def _hand_over(self, moves: list[Move], why: str) -> None:
+        for move in moves:
+            log(
+                logger,
+                "info",
+                "handing the lease over",
+                lease=move.lease,
+                to=move.receiver,
+                why=why,
+            )
+        await self._release_all(
+            [m.lease for m in moves], {m.lease: m.receiver for m in moves}, "released"
+        )
+
+    async def _release_all(
+        self,
+        names: list[str],
+        successors: dict[str, str],
+        reason: str,
+        deadline: float | None = None,
+    ) -> list[str]:
+        """Release ``names`` (each naming its successor, if any), a bounded number at once;
+        ``deadline`` (loop time) bounds each release. Returns the leases released."""
+        loop = asyncio.get_running_loop()
         limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
 
-        async def one(move: Move) -> bool:
+        async def one(name: str) -> bool:
             async with limit:
-                elector = self.electors[move.lease]
-                log(
-                    logger,
-                    "info",
-                    "handing the lease over",
-                    lease=move.lease,
-                    to=move.receiver,
-                    why=why,
+                timeout = None if deadline is None else max(0.05, deadline - loop.time() - 0.1)
+                return await self.electors[name].release(
+                    reason, timeout=timeout, successor=successors.get(name)
                 )
-                return await elector.release("released", successor=move.receiver)
 
-        results = await asyncio.gather(*(one(m) for m in moves), return_exceptions=True)
-        return sum(1 for r in results if r is True)
+        results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
+        return [name for name, result in zip(names, results, strict=True) if result is True]
 
     # -- moved on purpose -----------------------------------------------------------------
 
@@ -381,8 +397,8 @@ class LeaseSet:
         if to == "any":
             if not others:
                 return None
-            me = self.beat.view.me if self.beat is not None else None
-            return max(others, key=successor_order(me)).identity if me else others[0].identity
+            assert self.beat is not None  # there are live others only with candidates
+            return max(others, key=successor_order(self.beat.view.me)).identity
         matches = [c.identity for c in others if c.identity == to]
         matches = matches or [c.identity for c in others if c.identity.startswith(to + "_")]
         if len(matches) != 1:
@@ -417,12 +433,8 @@ class LeaseSet:
         names = [name for name in names if self.electors[name].is_leader()]
         if not names:
             raise TransferRefused("this replica holds no lease to transfer")
-        moves = [Move(name, self.identity, successor or "") for name in names]
-        handed = []
-        for move in moves:
-            released = await self.electors[move.lease].release("released", successor=successor)
-            if released:
-                handed.append(move.lease)
+        named = {name: successor for name in names} if successor else {}
+        handed = await self._release_all(names, named, "released")
         log(logger, "info", "transferred", leases=handed, to=successor or "anyone")
         return handed, successor
 
@@ -444,12 +456,7 @@ class LeaseSet:
             names = [elector.lease]
         if len(self.electors) == 1:
             return await self.primary.release("released")
-        successors = self._successors(names)
-        results = [
-            await self.electors[name].release("released", successor=successors.get(name))
-            for name in names
-        ]
-        return any(results)
+        return bool(await self._release_all(names, self._successors(names), "released"))
 
     async def shutdown(self, reason: str, budget: float) -> bool:
         """Leave: mark this replica leaving, hand every lease it holds to the best successor
@@ -466,27 +473,16 @@ class LeaseSet:
                 leases=len(successors),
                 to=sorted(set(successors.values())),
             )
-        limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
-
-        async def one(name: str) -> bool:
-            async with limit:
-                remaining = max(0.05, deadline - loop.time() - 0.1)
-                return await self.electors[name].release(
-                    reason, timeout=remaining, successor=successors.get(name)
-                )
-
         # The hand-over goes first (it is what the successor waits for); "leaving" goes out
         # beside it, so that no other replica hands this one a lease meanwhile.
         leaving = [asyncio.create_task(self.beat.leave(min(0.2, budget / 4)))] if self.beat else []
         # Every lease, not only those held now: a grant in flight completes before its
         # elector's lock lets the release in (then it goes without a named successor).
-        results = await asyncio.gather(
-            *(one(name) for name in self.electors), return_exceptions=True
-        )
+        released = await self._release_all(list(self.electors), successors, reason, deadline)
         await asyncio.gather(*leaving, return_exceptions=True)
         if self.beat is not None:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
-        return any(r is True for r in results)
+        return bool(released)
 
     def _successors(self, leases: list[str]) -> dict[str, str]:
         """Per lease, the best live successor: higher priority, then another revision (the
@@ -503,13 +499,13 @@ class LeaseSet:
             if holder in load:
                 load[holder] += 1
         order = successor_order(me)
+
+        def key(c: Candidate) -> tuple[int, int, int, datetime, str]:
+            priority, other_revision, started, identity = order(c)
+            return (priority, other_revision, -load[c.identity], started, identity)
+
         chosen: dict[str, str] = {}
         for lease in leases:
-
-            def key(c: Candidate) -> tuple[int, int, int, datetime, str]:
-                priority, other_revision, started, identity = order(c)
-                return (priority, other_revision, -load[c.identity], started, identity)
-
             best = max(others, key=key)
             chosen[lease] = best.identity
             load[best.identity] += 1
