@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import Candidate
 from sidecar.backends.redis.client import ms, new_version
-from sidecar.backends.redis.scripts import candidates_key
+from sidecar.backends.redis.scripts import candidates_key, wall_time
 
 if TYPE_CHECKING:
     from sidecar.backends.redis.client import RedisStoreClient
@@ -79,19 +79,10 @@ def _candidate(identity: str, data: dict[str, Any]) -> Candidate:
         revision=str(data.get("revision") or ""),
         priority=int(data.get("priority") or 0),
         leaving=bool(data.get("leaving")),
-        started_at=_wall(data.get("started_at")),
-        beat_at=_wall(data.get("beat_at")),
+        started_at=wall_time(data.get("started_at")),
+        beat_at=wall_time(data.get("beat_at")),
     )
 
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
-
-
-def _wall(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None

@@ -228,8 +228,8 @@ def value_record(payload: str) -> LeaseRecord:
         version=_lua_tostring(data.get("version")),
         released=released,
         successor=None if successor is None else str(successor),
-        acquired_at=_wall(data.get("acquired_at")),
-        renewed_at=_wall(data.get("renewed_at")),
+        acquired_at=wall_time(data.get("acquired_at")),
+        renewed_at=wall_time(data.get("renewed_at")),
     )
 
 
@@ -240,7 +240,8 @@ def _lua_tostring(version: object) -> str:
     return str(version)
 
 
-def _wall(value: object) -> datetime | None:
+def wall_time(value: object) -> datetime | None:
+    """A stored ISO stamp (for humans and GC), or None when absent or unreadable."""
     if not isinstance(value, str) or not value:
         return None
     try:

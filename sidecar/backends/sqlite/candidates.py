@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import Candidate
-from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction
+from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction, wall_time
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteStoreClient
@@ -20,10 +20,6 @@ FORGET_AFTER_LEASES = 20
 def _stamp(moment: datetime) -> str:
     """One fixed format in UTC, so the stored stamps compare as strings (for the GC)."""
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _wall(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
 
 
 class SQLiteCandidates:
@@ -62,8 +58,8 @@ class SQLiteCandidates:
                 revision=revision,
                 priority=int(priority),
                 leaving=bool(leaving),
-                started_at=_wall(started_at),
-                beat_at=_wall(beat_at),
+                started_at=wall_time(started_at),
+                beat_at=wall_time(beat_at),
             )
             for identity, version, revision, priority, leaving, started_at, beat_at in (
                 await self.client.connection.run(fetch)

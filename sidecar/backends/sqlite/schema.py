@@ -191,10 +191,11 @@ def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
         # Only a release names a successor; a grant by an earlier version of the sidecar
         # (sharing the file during an upgrade) does not clear the column, so ignore it there.
         successor=successor if released else None,
-        acquired_at=_wall(acquired),
-        renewed_at=_wall(renewed),
+        acquired_at=wall_time(acquired),
+        renewed_at=wall_time(renewed),
     )
 
 
-def _wall(value: str | None) -> datetime | None:
+def wall_time(value: str | None) -> datetime | None:
+    """A stored ISO stamp (for humans and GC), or None."""
     return datetime.fromisoformat(value) if value else None
