@@ -131,25 +131,25 @@ def describe(facts: RunFacts, sample: Sample) -> str:
 KNOWN_LIMIT = "documented limit (a replica that had seen nothing): "
 
 
-def had_seen_nothing(facts: RunFacts, sample: Sample) -> bool:
-    """Every answer this replica gave before its reign showed no term at all: it never saw a
-    grant (a follower reports the highest term it has seen, even once the store shows none)."""
-    before = [
+def answers_before(facts: RunFacts, sample: Sample) -> list[Sample]:
+    """The follower answers this replica gave before this reign began."""
+    return [
         s
         for s in facts.samples
         if s.identity == sample.identity and s.body and not s.leader and s.sent < sample.since
     ]
-    return all(not s.term for s in before)
+
+
+def had_seen_nothing(facts: RunFacts, sample: Sample) -> bool:
+    """Every answer this replica gave before its reign showed no term at all: it never saw a
+    grant (a follower reports the highest term it has seen, even once the store shows none)."""
+    return all(not s.term for s in answers_before(facts, sample))
 
 
 def seen_before(facts: RunFacts, sample: Sample) -> str:
     """What that replica had last reported as holder and term before this reign began: tells
     a grant by a replica that had seen the earlier grant from one that had seen nothing."""
-    before = [
-        s
-        for s in facts.samples
-        if s.identity == sample.identity and s.body and not s.leader and s.sent < sample.since
-    ]
+    before = answers_before(facts, sample)
     if not before:
         return "no earlier answer from it"
     last = max(before, key=lambda s: s.sent)
@@ -173,6 +173,32 @@ def two_leaders(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
     ]
 
 
+def restarts(facts: RunFacts, served: dict[int, dict[str, Sample]]) -> list[tuple[Sample, int]]:
+    """Reigns where the store's terms started again (the README's limit), each with the
+    highest term served before it: granted to a replica that had seen nothing, at a term below
+    one already served."""
+    reigns = [s for by_identity in served.values() for s in by_identity.values()]
+    found = []
+    for reign in reigns:
+        before = [o.term for o in reigns if o.sent < reign.since]
+        forgotten = max(before, default=0)  # type: ignore[type-var]
+        if forgotten > reign.term and had_seen_nothing(facts, reign):  # type: ignore[operator]
+            found.append((reign, forgotten))
+    return found
+
+
+def built_on_restart(facts: RunFacts, sample: Sample, restarted: list[tuple[Sample, int]]) -> bool:
+    """A later reign on a sequence that started again: once a replica that had seen nothing
+    granted term 1 again, grants by replicas that saw only the new sequence count 2, 3, ...
+    again too (the README: "the term starts again at 1"). A replica that had seen the
+    forgotten terms must still jump above them."""
+    seen = max((s.term or 0 for s in answers_before(facts, sample)), default=0)
+    return any(
+        r.since <= sample.since and r.term <= sample.term and seen < forgotten  # type: ignore[operator]
+        for r, forgotten in restarted
+    )
+
+
 def term_shared(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
     violations = []
     served: dict[int, dict[str, Sample]] = {}
@@ -180,10 +206,14 @@ def term_shared(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
         assert sample.term is not None
         assert sample.identity is not None
         served.setdefault(sample.term, {}).setdefault(sample.identity, sample)
+    restarted = restarts(facts, served)
     for term, by_identity in served.items():
         if len(by_identity) > 1:
             firsts = sorted(by_identity.values(), key=lambda s: s.sent)
-            blind = all(had_seen_nothing(facts, s) for s in firsts[1:])
+            blind = all(
+                had_seen_nothing(facts, s) or built_on_restart(facts, s, restarted)
+                for s in firsts[1:]
+            )
             violations.append(
                 Violation(
                     # README, "What it cannot close": a replica that started after the store

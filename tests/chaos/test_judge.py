@@ -112,6 +112,23 @@ def test_a_term_repeated_by_a_replica_that_had_seen_nothing_is_the_documented_li
     assert found == ["one term served by two identities"]
 
 
+def test_terms_counted_again_after_a_blind_restart_are_the_documented_limit() -> None:
+    """After a replica that had seen nothing granted term 1 again, a replica that saw only the
+    new sequence counts 2 again: the limit's consequence ("the term starts again at 1"). One
+    that had seen the forgotten term 2 must jump above it, or the run fails."""
+    before_loss = reign("s0", "a_1", 1, T0, T0 + 1) + reign("s1", "b_1", 2, T0 + 1.2, T0 + 2)
+    blind = reign("s2", "c_1", 1, T0 + 3, T0 + 4)
+    counted_again = reign("s3", "d_1", 2, T0 + 5, T0 + 6)  # its 503 before showed term 1
+    found = judgments(facts(before_loss + blind + counted_again))
+    assert found == [f"{KNOWN_LIMIT}one term served by two identities"] * 2
+    had_seen_2 = [answer("s3", T0 + 1.5, "d_1", 2, None)]
+    found = judgments(facts(before_loss + blind + counted_again + had_seen_2))
+    assert found == [
+        f"{KNOWN_LIMIT}one term served by two identities",
+        "one term served by two identities",
+    ]
+
+
 def test_a_write_below_an_earlier_term_is_a_regression() -> None:
     samples = reign("s0", "a_1", 1, T0, T0 + 3)
     fence = [FencedWrite("b_1", 5, 1, T0 + 1), FencedWrite("a_1", 4, 2, T0 + 2)]
