@@ -35,7 +35,7 @@ def _state(record: LeaseRecord | None) -> str:
         return "held"
     if record.released:
         return f"released to {record.successor}" if record.successor else "released"
-    return "holder unknown"  # the store lost the holder: waited out like a held lease
+    return "lost"  # the store lost the holder (a loss marker): waited out as a loss
 
 
 def lease_row(name: str, record: LeaseRecord | None, now: datetime) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from sidecar.backends.base import (
     NotOwned,
     StoreError,
     StoreUnavailable,
+    lost_grant,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
 from sidecar.config import Timing
@@ -323,7 +324,11 @@ class Elector:
             # 2. Leading: renew, conditional at the store on our holder and term (rule 1).
             # 3. Following: acquire if free or expired, with a term above every term seen.
             delay = await (self._renew(now) if self._role is Role.LEADER else self._acquire(now))
-            # 4. The watch may have seen something while we were busy (a release, our own name,
+            # 4. A loss seen with the store holding nothing: write it down (rule 5).
+            seen = self._loss_to_write_down()
+            if seen is not None:
+                delay = await self._write_loss_down(seen)
+            # 5. The watch may have seen something while we were busy (a release, our own name,
             #    a lost grant): never wait past the moment it asked for.
             now = self._clock.now()
             self._next_attempt = min(now + delay, max(now, self._watch_asked))
@@ -445,6 +450,45 @@ class Elector:
             )
         self._become_leader(record, sent)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    def _loss_to_write_down(self) -> int | None:
+        """The term to write down in a loss marker, if any (rule 5): following, in a loss,
+        and the store shows nothing — or a marker below the highest term we saw. Without it, a
+        replica that starts during the wait would see no term at all and grant term 1 again
+        (and its successors 2, 3, ... again): the README's limit, shrunk to the moments between
+        the loss and this write."""
+        record, seen = self._view.record, self._view.high_water
+        view = self._view
+        if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:
+            return None  # (blind: a request just failed; look again before writing)
+        if record is None or (record.forgotten and record.term < seen):
+            return seen
+        return None
+
+    async def _write_loss_down(self, seen: int) -> float:
+        """Mark the loss in the store; a conditional write that never grants, so no wait or
+        share applies (the acquire slots do: at a store restart, every lease is marked)."""
+        try:
+            async with self._acquire_slots or contextlib.nullcontext():
+                record = await self._call(
+                    "mark_lost",
+                    lambda: self.store.mark_lost(seen, self.timing.lease_duration),
+                    self.timing.request_timeout,
+                )
+        except StoreError:
+            self._view.lost_sight()
+            return self._retry_delay()
+        self._observe(record)
+        if record is not None and record.forgotten and record.term == seen:
+            log(
+                logger,
+                "info",
+                "wrote the store's loss down (a loss marker with the highest term seen), so a "
+                "replica that starts now waits it out and jumps its term too",
+                lease=self.lease,
+                term=seen,
+            )
+        return self._retry_delay() if record is None else self._follower_delay()
 
     async def release(
         self, reason: str = "released", timeout: float | None = None, successor: str | None = None
@@ -654,7 +698,7 @@ class Elector:
         self._observe(record, from_watch=True)
         now = self._clock.now()
         if self._role is Role.LEADER:
-            if self._store_lost_our_grant(record):
+            if lost_grant(record, self._term):
                 # Renew now: the store's renew puts the grant back before anyone may take it.
                 self._ask_for_attempt(now)
             elif record is not None and (
@@ -665,14 +709,11 @@ class Elector:
                 self._demote("lost")
                 self._ask_for_attempt(now + self._follower_delay())
             return
+        if self._loss_to_write_down() is not None:
+            # Write the loss down soon (a little spread: the first marker stops the others).
+            self._ask_for_attempt(now + self._herd_jitter())
+            return
         self._ask_for_attempt(now + self._follower_delay())
-
-    def _store_lost_our_grant(self, record: LeaseRecord | None) -> bool:
-        """No record, an older grant, or our term without a holder that nobody released (a
-        Redis key gone early): the store forgot our grant, nobody took it from us."""
-        if record is None or record.term < self._term:
-            return True
-        return record.term == self._term and record.holder is None and not record.released
 
     def _ask_for_attempt(self, at: float) -> None:
         self._next_attempt = at

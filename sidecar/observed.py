@@ -13,11 +13,12 @@ This is the one place where expiry is decided, the same way for every store:
   holder while it is not leading (a late renewal the store applied after the deadline): taking
   that one back under a new term cannot make two leaders.
 * **A store that lost state is waited out, every time (rule 8).** When the store shows less
-  than this replica has seen — no record, a lower term — the holder it forgot may still lead
-  until its own deadline, at most one lease away. The wait is one full lease from *this* loss:
-  a new loss (the store changed again, or the watch reconnected to a store that still shows
-  the loss) starts a new wait, and the loss episode ends as soon as the store shows a term as
-  new as any seen.
+  than this replica has seen — no record, a lower term — or a record whose holder it lost (a
+  loss marker, which a replica that saw the loss writes down for those that did not), the
+  holder it forgot may still lead until its own deadline, at most one lease away. The wait is
+  one full lease from *this* loss: a new loss (the store changed again, or the watch
+  reconnected to a store that still shows the loss) starts a new wait, and the loss episode
+  ends as soon as the store shows a grant or a release as new as any seen.
 * **Unique terms across losses (rule 5).** A grant after a loss asks for a term
   ``LOSS_TERM_GAP`` times the losses in a row above every term seen, so it cannot reuse the
   term of a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP``
@@ -90,9 +91,12 @@ class LeaseView:
         blind, self.blind = self.blind, False
         key = record.version if record is not None else ABSENT
         changed = key != self._key or (from_watch and record is None)
-        behind = self.seen_anything and (
-            (record is None and self.high_water > 0)
-            or (record is not None and record.term < self.high_water)
+        behind = (record is not None and record.forgotten) or (
+            self.seen_anything
+            and (
+                (record is None and self.high_water > 0)
+                or (record is not None and record.term < self.high_water)
+            )
         )
         self.seen_anything = True
         self.record = record
@@ -151,9 +155,8 @@ class LeaseView:
                 at = self._since + self.stand_back
                 return Attempt(max(now, at), record.version, self.high_water, "released")
             return Attempt(now, record.version, self.high_water, "released")
-        # Someone else's, or a holder the store lost track of (no holder, not released).
-        duration = record.duration if record.holder is not None else self._longest
-        return Attempt(self._since + duration, record.version, self.high_water, "expired")
+        # Someone else's (a record whose holder the store lost is a loss, above).
+        return Attempt(self._since + record.duration, record.version, self.high_water, "expired")
 
     @property
     def unchanged_since(self) -> float | None:

@@ -25,6 +25,12 @@ information for humans; they never grant.
   ``release`` may name a ``successor`` identity: the released record carries it, so the others
   stand back briefly and the named replica takes over (a transfer). The successor is a
   preference for liveness only; the record is free for everyone (rule 2).
+* ``mark_lost`` writes down a loss a follower saw (the store holds no record at all, where
+  it had shown a term): a *loss marker* with no holder, not released, carrying the highest
+  term the follower saw. Every replica waits it out as a loss and jumps its next grant above
+  it, also one that starts after the loss and never saw the lease (rules 5 and 8); the holder
+  the store forgot puts its grant back over it as over nothing. It only ever goes where the
+  store holds nothing, or a marker of a lower term.
 * Every version is new on every write and never comes back (a random token, or Kubernetes'
   resourceVersion), so "the same version" means "nothing was written in between".
 
@@ -39,6 +45,11 @@ import dataclasses
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Protocol, runtime_checkable
+
+# The holder name a loss marker is stored under where a store has no other way to say "no
+# holder, not released" (SQLite, Kubernetes). Never an identity: those are pod names (no '/')
+# with a suffix. A sidecar from before loss markers reads it as a held lease and waits it out.
+LOST_HOLDER = "leader-sidecar.io/lost"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,8 +71,8 @@ class LeaseRecord:
 
     released: bool = False
     """True when the holder is None because of an explicit release: free at once. A record
-    with no holder that is *not* released (the store lost the holder) is waited out like a
-    held one."""
+    with no holder that is *not* released (the store lost the holder: `forgotten`) is waited
+    out as a loss."""
 
     successor: str | None = None
     """Set only on a released record: the identity the releasing holder handed the lease to
@@ -78,6 +89,21 @@ class LeaseRecord:
     def free(self) -> bool:
         """True when anyone may take the lease now: it was released."""
         return self.holder is None and self.released
+
+    @property
+    def forgotten(self) -> bool:
+        """No holder and not released: the store lost the holder (a loss marker, or a Redis
+        term counter without its holder key). A loss to everyone who sees it."""
+        return self.holder is None and not self.released
+
+
+def lost_grant(record: LeaseRecord | None, term: int) -> bool:
+    """What a store shows when it lost a grant of ``term``: no record, an older term, or that
+    term with no holder that nobody released (a loss marker, a Redis key gone early). Nobody
+    took the lease from its holder, who puts the grant back."""
+    if record is None or record.term < term:
+        return True
+    return record.term == term and record.forgotten
 
 
 class StoreError(Exception):
@@ -142,6 +168,12 @@ class LeaseStore(Protocol):
         """Free the lease (keeping its term; the record says *released*, and names
         ``successor`` if given) if ``identity`` still holds it with ``term``. Raises
         `NotOwned`, `Conflict` or `StoreUnavailable`."""
+        ...
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        """Write a loss marker of ``term`` (lease ``duration``) if the store holds no record at
+        all, or a marker of a lower term; otherwise write nothing. Returns what the store
+        holds afterwards. Raises `StoreUnavailable`."""
         ...
 
     def watch(self) -> AsyncIterator[LeaseRecord | None]:

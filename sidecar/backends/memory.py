@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.backends.base import Candidate, LeaseHeld, LeaseRecord, NotOwned
+from sidecar.backends.base import Candidate, LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -111,7 +111,7 @@ class MemoryLeaseStore:
         state = self.state
         row = state.row
         wall = state.clock.wall()
-        if row is None or row.term < term:
+        if lost_grant(state.record(), term):
             # The store lost our grant: put it back, term and all (see the contract).
             state.row = _Row(identity, term, duration, state.next_version(), False, wall, wall)
             return self._changed()
@@ -133,6 +133,15 @@ class MemoryLeaseStore:
         row.successor = successor
         row.version = self.state.next_version()
         return self._changed()
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        state = self.state
+        current = state.record()
+        if current is None or (current.forgotten and current.term < term):
+            wall = state.clock.wall()
+            state.row = _Row(None, term, duration, state.next_version(), False, None, wall)
+            return self._changed()
+        return state.record()
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:
         yield self.state.record()

@@ -253,6 +253,82 @@ async def test_a_holder_the_store_forgot_puts_its_grant_back(harness: StoreHarne
     assert taken.term == granted.term + 1
 
 
+async def test_a_loss_marker_goes_only_where_the_store_holds_nothing(
+    harness: StoreHarness,
+) -> None:
+    """``mark_lost`` writes a record with no holder, not released, at the term the follower
+    saw — on an empty store, or over a lower marker — and never over anything else."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    assert await b.mark_lost(granted.term + 5, LEASE) == await b.read()  # held: untouched
+    current = await b.read()
+    assert current is not None
+    assert current.holder == "a_1"
+    await harness.reset()
+    marker = await b.mark_lost(7, LEASE)
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.released, marker.forgotten) == (None, 7, False, True)
+    assert not marker.free
+    assert await a.read() == marker
+    lower = await a.mark_lost(5, LEASE)
+    assert lower is not None
+    assert (lower.term, lower.version) == (7, marker.version)
+    higher = await a.mark_lost(9, LEASE)
+    assert higher is not None
+    assert (higher.term, higher.forgotten) == (9, True)
+    assert higher.version != marker.version
+    with pytest.raises(NotOwned):
+        await a.release("a_1", granted.term)
+
+
+async def test_a_grant_over_a_loss_marker_is_above_its_term(harness: StoreHarness) -> None:
+    """The marker is waited out like any record, then taken naming its version: the new term
+    is above the marker's."""
+    a, b = harness.new_store(), harness.new_store()
+    await take(a, "a_1")
+    await harness.reset()
+    marker = await b.mark_lost(40, LEASE)
+    assert marker is not None
+    with pytest.raises((LeaseHeld, Conflict)):
+        await a.try_acquire("a_2", LEASE, 0, expected=None)  # "nothing stored" is stale
+    taken = await a.try_acquire("a_2", LEASE, 0, expected=marker.version)
+    assert (taken.holder, taken.term) == ("a_2", 41)
+
+
+async def test_a_holder_puts_its_grant_back_over_a_marker_of_its_term(
+    harness: StoreHarness,
+) -> None:
+    """A follower that saw the loss wrote the holder's own term down: the holder's renewal
+    still puts its grant back. A marker above its term is a grant it never saw: not ours."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    await harness.reset()
+    await b.mark_lost(granted.term, LEASE)
+    restored = await a.renew("a_1", granted.term, LEASE)
+    assert (restored.holder, restored.term) == ("a_1", granted.term)
+    await harness.reset()
+    await b.mark_lost(granted.term + 1, LEASE)
+    with pytest.raises(NotOwned):
+        await a.renew("a_1", granted.term, LEASE)
+
+
+async def test_the_watch_reports_a_loss_marker(harness: StoreHarness) -> None:
+    """Followers (and a holder the store forgot) learn of a marker from the watch."""
+    a, b = harness.new_store(), harness.new_store()
+    await take(a, "a_1")
+    await harness.reset()
+    async with watching(b) as seen:
+        await asyncio.wait_for(seen.get(), timeout=5.0)  # connected
+        marker = await a.mark_lost(12, LEASE)
+        assert marker is not None
+        deadline = time.monotonic() + 5.0
+        while True:
+            record = await asyncio.wait_for(seen.get(), timeout=deadline - time.monotonic())
+            if record is not None and record.forgotten:
+                break
+        assert record.term == 12
+
+
 async def test_a_renewal_never_overwrites_a_later_grant(harness: StoreHarness) -> None:
     """Putting a grant back is only for a store that lost it: a later grant, or a release of
     our own grant, is never overwritten."""

@@ -52,6 +52,10 @@ class FlakyStore:
         await self._gate("release")
         return await self.inner.release(identity, term)
 
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        await self._gate("mark_lost")
+        return await self.inner.mark_lost(term, duration)
+
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:
         async for record in self.inner.watch():
             yield record

@@ -6,6 +6,9 @@ three sidecars, a real store, and an observer polling every ``/leader`` every 10
 * case 4 — the Redis host's wall clock steps forward an hour (an NTP step, a VM resume): the
   key's TTL follows that clock, but expiry is observed, so nobody takes the lease — also a
   replica that starts while the key is gone and the leader is paused for a moment;
+* case 7 — the store loses everything just as the leader dies, and a replacement starts
+  while the survivor waits the loss out (the sharded chaos run of seed 1134721443): the
+  survivor writes the loss down, so the replacement waits too instead of counting from 1;
 * case 5 — one sidecar in its own time namespace (``unshare --time``): its CLOCK_BOOTTIME is
   a day ahead of the others', which must not make a live lease look expired.
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from sidecar.backends.base import LOST_HOLDER
 from tests.chaos.clock import ClockShift, build_shim
 from tests.chaos.stores import ShiftedRedisServer
 from tests.support.sidecars import LeaderObserver, SidecarProcess, observing, sidecars
@@ -92,6 +96,53 @@ def delete_rows(database: Path) -> None:
     with contextlib.closing(sqlite3.connect(database, timeout=5)) as conn:
         conn.execute("DELETE FROM leases")
         conn.commit()
+
+
+# -- case 7: a replica that starts during the wait (SQLite) -------------------------------------
+
+
+async def test_case7_a_replica_started_after_a_loss_others_saw_does_not_count_from_1(
+    tmp_path: Path,
+) -> None:
+    """The leader dies and the store loses its row in the same moment; a replacement starts
+    before the survivor's wait is over. The store shows it nothing — but the survivor saw the
+    loss and wrote it down (a loss marker with the term it saw), so the replacement waits the
+    loss out as well and no term is granted twice. Before loss markers it took term 1 at once
+    and served it a second time."""
+    database = tmp_path / "leases.db"
+    store = f"sqlite:///{database}"
+    lease = 4.0  # the replacement must start and look within the survivor's wait
+    with sidecars(["a", "b"], store, lease_duration=f"{lease}s") as procs:
+        async with observing(procs) as observer:
+            leader = await observer.leader(timeout=10)
+            survivor = next(p for p in procs if p.identity != leader.identity)
+            await observer.wait_for(
+                lambda s: s.name == survivor.name and s.term == leader.term, timeout=10
+            )
+            next(p for p in procs if p.identity == leader.identity).kill()
+            delete_rows(database)
+            await _until_marked(database, timeout=2.0)  # (before markers: never; go on anyway)
+            newcomer = SidecarProcess.start("c", store, lease_duration=f"{lease}s")
+            try:
+                observer.watch(newcomer)
+                after = await observer.leader(timeout=4 * lease, after=time.time())
+                await hold_steady(observer, lease)
+                assert_terms_unique(observer)
+                assert after.term is not None
+                assert leader.term is not None
+                assert after.term > leader.term
+            finally:
+                newcomer.stop()
+
+
+async def _until_marked(database: Path, timeout: float) -> None:
+    """Until the lease table holds a loss marker, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(database, timeout=5)) as conn:
+            if conn.execute("SELECT 1 FROM leases WHERE holder = ?", (LOST_HOLDER,)).fetchone():
+                return
+        await asyncio.sleep(0.01)
 
 
 # -- case 4: the Redis host's clock steps -------------------------------------------------------

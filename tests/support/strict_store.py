@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from sidecar.backends.base import LeaseRecord, StoreError
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 
-OPS = ("read", "acquire", "renew", "release")
+OPS = ("read", "acquire", "renew", "release", "mark_lost")
 
 
 class StrictStore(MemoryLeaseStore):
@@ -68,6 +68,12 @@ class StrictStore(MemoryLeaseStore):
         self._enter("release")
         answer = await super().release(identity, term)
         self._answer("release")
+        return answer
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        self._enter("mark_lost")
+        answer = await super().mark_lost(term, duration)
+        self._answer("mark_lost")
         return answer
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:

@@ -294,6 +294,37 @@ async def test_a_leader_that_sees_its_record_gone_renews_at_once(world: World) -
     assert world.state.row.holder == "a_0000"
 
 
+async def test_a_loss_the_watch_shows_is_written_down_at_once_for_replicas_that_start_later(
+    world: World,
+) -> None:
+    """The watch shows b the store holding nothing where it had shown term 1: b steps within
+    its herd jitter (not a lease later) and writes a loss marker of term 1. A replica that
+    starts now sees the marker, waits it out as a loss and jumps — never grants term 1 again.
+    The leader the store forgot puts its grant back over the marker."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    world.state.delete()
+    b.on_watch(None)
+    assert b._next_attempt <= world.clock.now() + 0.05
+    await b.step()
+    marker = world.state.record()
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.forgotten) == (None, 1, True)
+    c = world.elector("c")
+    await c.step()
+    assert not c.status().leader
+    attempt = c.view.next_attempt(world.clock.now())
+    assert (attempt.why, attempt.min_term) == ("lost", 1 + LOSS_TERM_GAP)
+    assert attempt.at >= world.clock.now() + TIMING.lease_duration
+    a.on_watch(marker)  # the holder sees its own term written down without it: put back
+    await a.step()
+    restored = world.state.record()
+    assert restored is not None
+    assert (restored.holder, restored.term) == ("a_0000", 1)
+    assert a.status().leader
+
+
 async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_stopped(
     world: World,
 ) -> None:
@@ -310,6 +341,9 @@ async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_s
     delay = await b.step()
     assert not b.status().leader
     assert delay >= TIMING.lease_duration
+    marker = world.state.record()  # b wrote the loss down for replicas that start later
+    assert marker is not None
+    assert (marker.forgotten, marker.term) == (True, 1)
     assert a.status().leader  # a has not renewed yet: it still leads, and b must not
     waited_out = reset_seen + TIMING.lease_duration
     while world.clock.now() + 0.5 < waited_out:
@@ -320,7 +354,9 @@ async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_s
     assert not a.status().leader  # a's own deadline came first
     await b.step()
     assert b.status().leader
-    assert b.status().term == 1 + LOSS_TERM_GAP + 1
+    # Two losses in a row: the store changed after the loss (b's own marker), and a put-back
+    # and a second loss could hide in between; the wait restarted there too.
+    assert b.status().term == 1 + 2 * LOSS_TERM_GAP + 1
 
 
 async def test_case1_a_second_loss_is_waited_out_on_its_own(world: World) -> None:
@@ -369,6 +405,7 @@ async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: Worl
     world.state.delete()  # before c saw b's grant
     c.on_watch(None)
     second_loss = world.clock.now()
+    await c.step()  # the step the watch asks for: c writes the loss down
     world.clock.advance(TIMING.lease_duration - 0.1)
     await c.step()
     assert not c.status().leader
@@ -383,7 +420,8 @@ async def test_case1_a_second_loss_hidden_by_an_outage_is_waited_out_too(world: 
     forgotten by a second loss while c cannot reach the store (its attempt fails), and c's
     watch never shows the second loss (the store looks as empty as before). c must not take
     the lease at once when the store answers again — that grant would repeat b's term."""
-    a, b, c = world.elector("a"), world.elector("b"), world.elector("c", {"acquire", "read"})
+    a, b = world.elector("a"), world.elector("b")
+    c = world.elector("c", {"acquire", "read", "mark_lost"})
     await a.step()
     await b.step()
     await c.step()

@@ -28,7 +28,9 @@ the label with the first write of a newer one.
 
 A deleted Lease is "no record": to the followers a store that lost state (waited out a full
 lease, then re-created above every term seen), to its holder a grant to put back — its next
-renewal creates the Lease again with its own name and term.
+renewal creates the Lease again with its own name and term. A follower that saw it deleted
+re-creates it as a loss marker (``holderIdentity: leader-sidecar.io/lost``, the term it saw),
+so a replica that starts later waits the loss out too.
 
 Expiry is observed by the elector (DESIGN rule 2, `sidecar.observed`), as client-go does it:
 the Lease counts as expired only after *this process* has seen the same resourceVersion
@@ -46,11 +48,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import (
+    LOST_HOLDER,
     Conflict,
     LeaseHeld,
     LeaseRecord,
     NotOwned,
     StoreUnavailable,
+    lost_grant,
 )
 from sidecar.backends.kubernetes.client import (
     MERGE_PATCH,
@@ -179,7 +183,8 @@ class KubernetesLeaseStore:
 
     def _record(self, lease: Lease) -> LeaseRecord:
         spec = _spec_of(lease)
-        holder = spec.get("holderIdentity") or None
+        stored = spec.get("holderIdentity") or None
+        holder = None if stored == LOST_HOLDER else stored  # a loss marker: not released
         annotations = _metadata(lease).get("annotations") or {}
         seconds = spec.get("leaseDurationSeconds")
         duration = float(seconds) if seconds and seconds > 0 else self.default_duration
@@ -188,8 +193,8 @@ class KubernetesLeaseStore:
             term=int(spec.get("leaseTransitions") or 0),
             duration=duration,
             version=_version(lease),
-            released=holder is None,  # an empty holderIdentity: released (or never held)
-            successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if holder is None else None,
+            released=stored is None,  # an empty holderIdentity: released (or never held)
+            successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if stored is None else None,
             acquired_at=parse_time(spec.get("acquireTime")),
             renewed_at=parse_time(spec.get("renewTime")),
         )
@@ -390,7 +395,7 @@ class KubernetesLeaseStore:
             return await self._restore(None, identity, term, duration)
         record = self._record(lease)
         if record.holder != identity or record.term != term:
-            if record.term < term:
+            if lost_grant(record, term):
                 return await self._restore(lease, identity, term, duration)
             raise NotOwned(
                 f"held by {record.holder} with term {record.term}, not {identity} with {term}",
@@ -403,7 +408,11 @@ class KubernetesLeaseStore:
         except CallError as error:
             if error.status == 404:  # deleted since we last saw it
                 return await self._restore(None, identity, term, duration)
-            raise await self._after_failed_write(error, identity, term) from None
+            failure = await self._after_failed_write(error, identity, term)
+            if isinstance(failure, NotOwned) and lost_grant(failure.record, term):
+                # Re-created as a follower's loss marker of our term since we last saw it.
+                return await self._restore(self._lease, identity, term, duration)
+            raise failure from None
         renewed = self._observe(written)
         assert renewed is not None
         return renewed
@@ -429,6 +438,9 @@ class KubernetesLeaseStore:
                 fresh = raced.record
                 if fresh is not None and fresh.holder == identity and fresh.term == term:
                     raise
+                if fresh is not None and lost_grant(fresh, term) and self._lease is not None:
+                    # A follower's loss marker was created first: put the grant back over it.
+                    return await self._restore(self._lease, identity, term, duration)
                 raise NotOwned(f"the lease changed hands: {raced}", fresh) from None
         try:
             written = await self._replace(lease, identity, duration, term, acquired=False)
@@ -437,6 +449,25 @@ class KubernetesLeaseStore:
         record = self._observe(written)
         assert record is not None
         return record
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        """Create the marker (POST), or raise a lower one (PUT on its resourceVersion); a
+        409 or 404 means someone wrote first: report what is there."""
+        lease = await self._get()
+        record = self._observe(lease)
+        if record is not None and not (record.forgotten and record.term < term):
+            return record
+        try:
+            if lease is None:
+                return await self._create(LOST_HOLDER, duration, term)
+            written = await self._replace(lease, LOST_HOLDER, duration, term, acquired=False)
+        except Conflict as raced:
+            return raced.record
+        except CallError as error:
+            if error.status in (404, 409):
+                return await self._reread()
+            raise self._unavailable(error) from None
+        return self._observe(written)
 
     async def release(
         self, identity: str, term: int, *, successor: str | None = None

@@ -154,6 +154,23 @@ end
 return {0, current, counter}
 """
 
+# Mark a loss (a follower saw the store hold nothing where it had shown a term).
+# KEYS[1] holder key, KEYS[2] term counter. ARGV[1] the term seen, ARGV[2] event channel.
+# Only while there is no holder key and the counter is below the term: raises the counter to
+# it, which is the marker — the "absent.<counter>" record above — and publishes it.
+# Returns {1, nil, counter} or {0, current value | nil, counter | nil}.
+MARK_LOST = """
+local current = redis.call('GET', KEYS[1])
+local counter = redis.call('GET', KEYS[2])
+if current or tonumber(counter or '0') >= tonumber(ARGV[1]) then
+  return {0, current, counter}
+end
+counter = string.format('%d', tonumber(ARGV[1]))
+redis.call('SET', KEYS[2], counter)
+redis.call('PUBLISH', ARGV[2], cjson.encode({lost = true, term = tonumber(counter)}))
+return {1, false, counter}
+"""
+
 # Read.
 # KEYS[1] holder key, KEYS[2] term counter. No ARGV.
 # Returns {0, value | nil, counter | nil}: both from one moment.
@@ -207,8 +224,12 @@ def reply_record(reply: list[Any]) -> LeaseRecord | None:
     if counter is None:
         return None
     # The counter without a holder key: the store lost the holder (see above). Not free.
-    term = int(counter)
-    return LeaseRecord(holder=None, term=term, duration=0.0, version=f"absent.{counter}")
+    return absent_record(int(counter))
+
+
+def absent_record(term: int) -> LeaseRecord:
+    """A term counter without its holder key: a loss marker (`LeaseRecord.forgotten`)."""
+    return LeaseRecord(holder=None, term=term, duration=0.0, version=f"absent.{term}")
 
 
 def granted(reply: list[Any]) -> bool:
@@ -218,6 +239,8 @@ def granted(reply: list[Any]) -> bool:
 def value_record(payload: str) -> LeaseRecord:
     """A holder key's value, from a reply or a published message."""
     data = json.loads(payload)
+    if data.get("lost"):  # published by MARK_LOST: the counter without a holder key
+        return absent_record(int(data["term"]))
     released = bool(data.get("released"))
     holder = data.get("holder")
     successor = data.get("successor") if released else None

@@ -138,6 +138,17 @@ class RedisLease:
 
         return await self.client.guarded(work, self._holder_key)
 
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        async def work() -> LeaseRecord | None:
+            async with self.client.borrowed() as conn:
+                args: list[str | int] = [term, self._channel]
+                reply = await self.client.mark_lost_script(
+                    keys=self._keys(), args=args, client=conn
+                )
+                return self._reply(reply)
+
+        return await self.client.guarded(work, self._holder_key)
+
     async def _release_as(
         self,
         conn: Redis,

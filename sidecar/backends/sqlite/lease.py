@@ -6,9 +6,10 @@ import sqlite3
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned
+from sidecar.backends.base import LOST_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.backends.sqlite.schema import (
     ACQUIRE,
+    MARK_LOST,
     READ,
     RELEASE,
     RENEW,
@@ -92,7 +93,7 @@ class SQLiteLease:
                 current = None
                 if written is None:
                     current = lease_record(conn.execute(READ, params).fetchone())
-                    if current is None or current.term < term:  # the store lost our grant
+                    if lost_grant(current, term):
                         written = lease_record(conn.execute(RESTORE, params).fetchone())
             return written, current
 
@@ -100,6 +101,17 @@ class SQLiteLease:
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        params = self._params(lost=LOST_HOLDER, term=term, duration=duration, wall=self._wall())
+
+        def mark(conn: sqlite3.Connection) -> LeaseRecord | None:
+            with transaction(conn):
+                written = conn.execute(MARK_LOST, params).fetchone()
+                row = written if written else conn.execute(READ, params).fetchone()
+            return lease_record(row)
+
+        return await self.client.connection.run(mark, writes=True)
 
     async def release(
         self, identity: str, term: int, *, successor: str | None = None

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sidecar.backends.base import LeaseRecord
+from sidecar.backends.base import LOST_HOLDER, LeaseRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -87,6 +87,21 @@ INSERT OR REPLACE INTO leases (name, holder, term, duration, expires_at, boot_id
                                acquired_at, renewed_at, successor)
 VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id, {NEW_VERSION},
         :wall, :wall, NULL)
+RETURNING {COLUMNS}
+"""
+
+# Write down a loss a follower saw (see the contract's ``mark_lost``): only where there is no
+# row, or a marker of a lower term. Stored under `LOST_HOLDER` (a NULL holder means released).
+MARK_LOST = f"""
+INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
+                    acquired_at, renewed_at, successor)
+VALUES (:name, :lost, :term, :duration, 0, :boot_id, {NEW_VERSION}, NULL, :wall, NULL)
+ON CONFLICT (name) DO UPDATE SET
+    term = excluded.term,
+    duration = excluded.duration,
+    version = excluded.version,
+    renewed_at = excluded.renewed_at
+WHERE leases.holder = :lost AND leases.term < excluded.term
 RETURNING {COLUMNS}
 """
 
@@ -182,6 +197,8 @@ def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
         return None
     holder, term, duration, version, acquired, renewed, successor = row
     released = holder is None  # a NULL holder is only ever written by a release
+    if holder == LOST_HOLDER:  # a loss marker: no holder, not released
+        holder = None
     return LeaseRecord(
         holder=holder,
         term=int(term),
