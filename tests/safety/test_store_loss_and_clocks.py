@@ -201,14 +201,17 @@ async def test_case4_a_key_the_clock_step_removed_is_not_free_to_a_new_replica(
     and a replica that starts now finds only the term counter. That is no release: it must
     wait the leader out, not take the lease while the leader is inside its deadline."""
     server, clock = stepped_redis
-    with sidecars(["a", "b"], server.url) as procs:
+    # The leader stays paused while the newcomer starts: a lease long enough that a slow
+    # start on a busy machine does not outlast it (the leader would rightly lose the lease).
+    lease = 3.0
+    with sidecars(["a", "b"], server.url, lease_duration=f"{lease}s") as procs:
         async with observing(procs) as observer:
             leader = await observer.leader(timeout=10)
             paused = next(p for p in procs if p.identity == leader.identity)
             paused.pause()
             try:
                 clock.step(3600.0)  # the leader's key is past its TTL on the server now
-                newcomer = SidecarProcess.start("c", server.url, lease_duration=f"{LEASE}s")
+                newcomer = SidecarProcess.start("c", server.url, lease_duration=f"{lease}s")
                 # Keep the leader paused until the newcomer has looked at the store (its answer
                 # shows the term it found), so that its first decision meets the missing key,
                 # not a key the resumed leader's renewal already put back.
@@ -217,7 +220,7 @@ async def test_case4_a_key_the_clock_step_removed_is_not_free_to_a_new_replica(
                 paused.resume()
             try:
                 observer.watch(newcomer)
-                await hold_steady(observer, 3 * LEASE)
+                await hold_steady(observer, 2 * lease)
                 assert_terms_unique(observer)
                 now = await observer.leader(timeout=5, after=time.time())
                 assert (now.identity, now.term) == (leader.identity, leader.term)
