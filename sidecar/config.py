@@ -314,8 +314,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--namespace",
         parse_name,
-        "Kubernetes namespace of the Lease (default: POD_NAMESPACE, "
-        "the service account's namespace, else 'default')",
+        "Kubernetes namespace of the Lease (default: POD_NAMESPACE, the kubeconfig "
+        "context's namespace, the service account's, else 'default')",
         "NS",
     ),
     Option(
@@ -718,10 +718,15 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             "--redis-min-replicas", values["redis_min_replicas"], "only applies to a redis store"
         )
 
+    kubeconfig = values.get("kubeconfig") or environ.get("KUBECONFIG") or None
+    context_namespace = None
+    if store == "kubernetes" and kubeconfig is not None:
+        source = "--kubeconfig" if values.get("kubeconfig") else "KUBECONFIG"
+        context_namespace = _kubeconfig_namespace(source, kubeconfig)
     return Config(
         store=store,
         lease=lease,
-        namespace=values.get("namespace") or _namespace(environ),
+        namespace=values.get("namespace") or _namespace(environ, context_namespace),
         identity=f"{prefix}_{secrets.token_hex(4)}",
         timing=timing,
         listen=listen,
@@ -741,7 +746,7 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         webhook_retries=values.get("webhook_retries", 3),
         signal_process=values.get("signal_process") or None,
         signal=values.get("signal", "SIGTERM"),
-        kubeconfig=values.get("kubeconfig") or environ.get("KUBECONFIG") or None,
+        kubeconfig=kubeconfig,
         redis_username=values.get("redis_username"),
         redis_password=values.get("redis_password"),
         redis_ca_file=values.get("redis_ca_file"),
@@ -776,9 +781,25 @@ def _same_host(a: HostPort, b: HostPort) -> bool:
     return a.host == b.host or a.host in wildcard or b.host in wildcard
 
 
-def _namespace(environ: Mapping[str, str]) -> str:
+def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
+    """The current context's namespace (what kubectl would use), read now so that a kubeconfig
+    that cannot work stops the sidecar at start with its reason, not later as a store that
+    never answers."""
+    from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
+
+    try:
+        return Kubeconfig.read(kubeconfig).namespace
+    except KubeconfigError as exc:
+        raise ConfigError(source, kubeconfig, str(exc)) from None
+
+
+def _namespace(environ: Mapping[str, str], context_namespace: str | None = None) -> str:
+    """POD_NAMESPACE, else the kubeconfig context's (as kubectl), else the service account's,
+    else 'default'."""
     if environ.get("POD_NAMESPACE"):
         return environ["POD_NAMESPACE"]
+    if context_namespace:
+        return context_namespace
     try:
         return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or "default"
     except OSError:

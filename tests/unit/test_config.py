@@ -170,3 +170,46 @@ def test_the_embedded_store_imports_no_redis_or_kubernetes_client() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+current-context: dev
+contexts:
+- name: dev
+  context: {cluster: c, user: u, namespace: team-a}
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: abc}
+"""
+
+
+def test_the_kubeconfig_context_namespace_is_the_default_as_for_kubectl(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text(KUBECONFIG)
+    base = ["--store", "kubernetes", "--lease", "jobs"]
+    assert load(base, environ={"KUBECONFIG": str(path)}).namespace == "team-a"
+    assert load([*base, "--kubeconfig", str(path)], environ={}).namespace == "team-a"
+    flagged = load([*base, "--namespace", "ops"], environ={"KUBECONFIG": str(path)})
+    assert flagged.namespace == "ops"
+    pod = load(base, environ={"KUBECONFIG": str(path), "POD_NAMESPACE": "prod"})
+    assert pod.namespace == "prod"
+
+
+def test_a_kubeconfig_that_cannot_work_stops_the_start_naming_it_and_why(tmp_path: Path) -> None:
+    """Not later, as a store that never answers."""
+    garbled = tmp_path / "garbled"
+    garbled.write_text("clusters: [\n")
+    base = ["--store", "kubernetes", "--lease", "jobs"]
+    with pytest.raises(ConfigError, match=r"^--kubeconfig=.*garbled: kubeconfig .*cannot read it"):
+        load([*base, "--kubeconfig", str(garbled)], environ={})
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: []\n")
+    with pytest.raises(ConfigError, match=r"^KUBECONFIG=.*no current-context"):
+        load(base, environ={"KUBECONFIG": str(broken)})
+    # Another store never reads it: a stray KUBECONFIG in a shell is no reason to fail.
+    assert load(["--store", "redis://127.0.0.1:6379"], environ={"KUBECONFIG": str(garbled)})
