@@ -4,6 +4,7 @@ the scheduling behaviour. Every store call is counted; a call a test did not all
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Iterator
 
@@ -413,6 +414,42 @@ async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: Worl
     await c.step()
     assert c.status().leader
     assert c.status().term > b_term
+
+
+async def test_case1_a_second_rollback_hidden_by_an_outage_is_waited_out_too(
+    world: World,
+) -> None:
+    """As below, but the store rolls back to an older grant (a failover to a replica that
+    missed writes) and, the second time, shows c exactly the version it saw the first time: no
+    loss marker goes over a record, and nothing looks changed. Only the failed request tells c
+    that the store may have lost a grant meanwhile (b's): it must wait again, not take it."""
+    a, b, d = world.elector("a"), world.elector("b"), world.elector("d")
+    c = world.elector("c", {"acquire", "read"})
+    await a.step()
+    old_grant = dataclasses.replace(world.state.row)  # term 1, as the stale replica has it
+    await a.release()
+    await d.step()  # d leads term 2, then is cut off for good
+    await b.step()
+    await c.step()  # b and c have seen term 2
+
+    def roll_back() -> None:
+        world.state.row = dataclasses.replace(old_grant)
+        world.state.notify()
+
+    roll_back()  # loss 1
+    b.on_watch(world.state.record())
+    c.on_watch(world.state.record())
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    await b.step()
+    assert b.status().leader
+    store_of(c).fail_next("acquire", StoreUnavailable("the store fails over again"))
+    await c.step()  # meanwhile the store forgets b's grant: the same old version again
+    roll_back()  # loss 2, unseen by c
+    world.clock.advance(TIMING.retry_period * 1.5)
+    await c.step()  # reads: the store shows the version c saw before the outage
+    await c.step()
+    assert b.status().leader
+    assert not c.status().leader, "took the lease while the grant it could not see still led"
 
 
 async def test_case1_a_second_loss_hidden_by_an_outage_is_waited_out_too(world: World) -> None:
