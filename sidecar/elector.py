@@ -457,10 +457,11 @@ class Elector:
         replica that starts during the wait would see no term at all and grant term 1 again
         (and its successors 2, 3, ... again): the README's limit, shrunk to the moments between
         the loss and this write."""
-        record, seen = self._view.record, self._view.high_water
         view = self._view
+        seen = view.high_water
         if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:
             return None  # (blind: a request just failed; look again before writing)
+        record = view.record
         if record is None or (record.forgotten and record.term < seen):
             return seen
         return None
