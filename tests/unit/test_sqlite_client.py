@@ -231,3 +231,34 @@ async def test_candidates_silent_for_twenty_leases_are_forgotten_by_the_next_bea
         assert sorted(c.identity for c in await group.list()) == ["new_1", "quiet_1"]
     finally:
         await client.close()
+
+
+async def test_a_renewal_goes_ahead_of_queued_work_on_the_connection(tmp_path: Path) -> None:
+    """The one connection thread takes renewals and releases before the acquires, reads and
+    polls queued ahead of them (1,000 leases taken at start-up must not make a held lease
+    miss its deadline); among equals, arrival order. A caller that gave up is skipped."""
+    from sidecar.backends.sqlite.connection import Connection
+    from sidecar.clock import SYSTEM_CLOCK
+
+    connection = Connection(str(tmp_path / "leases.db"), 5.0, SYSTEM_CLOCK)
+    release_first = threading.Event()
+    order: list[str] = []
+
+    def blocked(conn: sqlite3.Connection) -> None:
+        release_first.wait(5)
+        order.append("first")
+
+    def work(name: str) -> Any:
+        return lambda conn: order.append(name)
+
+    first = asyncio.create_task(connection.run(blocked))
+    await asyncio.sleep(0.05)  # the thread is inside `blocked` now
+    queued = [asyncio.create_task(connection.run(work(f"acquire-{i}"))) for i in range(3)]
+    abandoned = asyncio.create_task(connection.run(work("abandoned")))
+    renewal = asyncio.create_task(connection.run(work("renewal"), urgent=True))
+    await asyncio.sleep(0.05)
+    abandoned.cancel()
+    release_first.set()
+    await asyncio.gather(first, *queued, renewal)
+    assert order == ["first", "renewal", "acquire-0", "acquire-1", "acquire-2"]
+    await connection.close()

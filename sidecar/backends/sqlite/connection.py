@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -15,15 +18,28 @@ from sidecar.clock import Clock
 T = TypeVar("T")
 
 
+# Order of the connection's work: a renewal or a release first (a leader's deadline, a hand-off
+# someone waits for), then everything else in arrival order, then closing.
+URGENT, NORMAL, LAST = 0, 1, 2
+
+_Job = Callable[[], None]
+
+
 class Connection:
     """Every statement runs on one thread that owns the connection (sqlite3 connections are
-    not for sharing between threads), off the event loop. Opened on first use."""
+    not for sharing between threads), off the event loop. Opened on first use.
+
+    The thread takes urgent work first: while 1,000 leases are being taken at start-up (each
+    a write that may wait for the file lock), a held lease's renewal goes ahead of the queued
+    acquires instead of behind them, where it could miss its holder's deadline."""
 
     def __init__(self, path: str, busy_timeout: float, clock: Clock) -> None:
         self.path = path
         self._busy_timeout = busy_timeout
         self._clock = clock
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite")
+        self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
+        self._order = itertools.count()  # arrival order within a priority
+        self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self.writes = 0
         """Write calls made through this connection. SQLite's ``data_version`` only moves on
@@ -42,8 +58,37 @@ class Connection:
             self._conn = conn
         return self._conn
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T], *, writes: bool = False) -> T:
-        """Run ``fn`` on the connection's thread; SQLite errors become `StoreUnavailable`."""
+    def _serve(self) -> None:
+        while True:
+            _, _, job = self._jobs.get()
+            if job is None:
+                return
+            job()
+
+    def _submit(self, fn: Callable[[], T], priority: int) -> concurrent.futures.Future[T]:
+        """``fn`` on the connection's thread; the future is cancelled, not run, if its caller
+        gave up before its turn (as a thread pool does)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="sqlite", daemon=True)
+            self._thread.start()
+        self._jobs.put((priority, next(self._order), job))
+        return future
+
+    async def run(
+        self, fn: Callable[[sqlite3.Connection], T], *, writes: bool = False, urgent: bool = False
+    ) -> T:
+        """Run ``fn`` on the connection's thread; SQLite errors become `StoreUnavailable`.
+        ``urgent``: ahead of all work that is not (see the class)."""
 
         def call() -> T:
             try:
@@ -52,7 +97,7 @@ class Connection:
                 raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            return await asyncio.wrap_future(self._submit(call, URGENT if urgent else NORMAL))
         finally:
             if writes:  # counted even on failure: a commit may land before an error
                 self.writes += 1
@@ -63,5 +108,5 @@ class Connection:
                 self._conn.close()
                 self._conn = None
 
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=False)
+        await asyncio.wrap_future(self._submit(shut, LAST))
+        self._jobs.put((LAST, next(self._order), None))  # then the thread ends

@@ -97,7 +97,7 @@ class SQLiteLease:
                         written = lease_record(conn.execute(RESTORE, params).fetchone())
             return written, current
 
-        written, current = await self.client.connection.run(renew, writes=True)
+        written, current = await self.client.connection.run(renew, writes=True, urgent=True)
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written
@@ -124,7 +124,7 @@ class SQLiteLease:
                 current = None if written else conn.execute(READ, params).fetchone()
             return lease_record(written), lease_record(current)
 
-        written, current = await self.client.connection.run(release, writes=True)
+        written, current = await self.client.connection.run(release, writes=True, urgent=True)
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written
