@@ -154,10 +154,35 @@ DELETE FROM candidates WHERE "group" = :group AND identity = :identity
 """
 
 
+# How often a writer waiting for the file's write lock tries again.
+LOCK_RETRY = 0.001
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, trying again every millisecond until the busy timeout. SQLite's own
+    busy handler backs off up to 100 ms between tries, so with several sidecars writing at
+    once (1,000 leases taken at start-up) a waiting writer keeps losing the lock to the others
+    and a renewal can wait seconds; short, even tries keep the wait near the others' commits."""
+    (timeout_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    deadline = time.monotonic() + timeout_ms / 1000
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(LOCK_RETRY)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+
+
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[None]:
     """One write transaction: under SQLite's write lock, a look and a write are atomic."""
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         yield
         conn.execute("COMMIT")
