@@ -262,3 +262,29 @@ async def test_a_renewal_goes_ahead_of_queued_work_on_the_connection(tmp_path: P
     await asyncio.gather(first, *queued, renewal)
     assert order == ["first", "renewal", "acquire-0", "acquire-1", "acquire-2"]
     await connection.close()
+
+
+def test_a_writer_waiting_for_the_lock_tries_again_every_millisecond(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not SQLite's own backoff (up to 100 ms between tries, so a waiting sidecar keeps losing
+    the lock to the others): short, even retries, within the busy timeout, which is restored."""
+    from sidecar.backends.sqlite import schema
+
+    path = tmp_path / "leases.db"
+    holder = sqlite3.connect(path, isolation_level=None, timeout=5, check_same_thread=False)
+    waiter = sqlite3.connect(path, isolation_level=None, timeout=5)
+    for conn in (holder, waiter):
+        conn.execute("PRAGMA journal_mode=WAL")
+    sleeps: list[float] = []
+    real_sleep = schema.time.sleep
+    monkeypatch.setattr(schema.time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.05, lambda: holder.execute("COMMIT")).start()
+    with schema.transaction(waiter):
+        waiter.execute("CREATE TABLE IF NOT EXISTS t (x)")
+    assert sleeps, "it never had to wait"
+    assert set(sleeps) == {schema.LOCK_RETRY}
+    assert waiter.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    holder.close()
+    waiter.close()
