@@ -40,6 +40,7 @@ from sidecar.backends.base import (
     StoreError,
     StoreUnavailable,
     lost_grant,
+    room_for_marker,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
 from sidecar.config import Timing
@@ -461,10 +462,7 @@ class Elector:
         seen = view.high_water
         if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:
             return None  # (blind: a request just failed; look again before writing)
-        record = view.record
-        if record is None or (record.forgotten and record.term < seen):
-            return seen
-        return None
+        return seen if room_for_marker(view.record, seen) else None
 
     async def _write_loss_down(self, seen: int) -> float:
         """Mark the loss in the store; a conditional write that never grants, so no wait or

@@ -106,6 +106,12 @@ def lost_grant(record: LeaseRecord | None, term: int) -> bool:
     return record.term == term and record.forgotten
 
 
+def room_for_marker(record: LeaseRecord | None, term: int) -> bool:
+    """Where ``mark_lost`` may write a marker of ``term``: the store holds nothing, or a loss
+    marker below it (never over a grant or a release)."""
+    return record is None or (record.forgotten and record.term < term)
+
+
 class StoreError(Exception):
     """Base of every error a store raises."""
 

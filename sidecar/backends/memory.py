@@ -8,7 +8,14 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.backends.base import Candidate, LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.base import (
+    Candidate,
+    LeaseHeld,
+    LeaseRecord,
+    NotOwned,
+    lost_grant,
+    room_for_marker,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -136,8 +143,7 @@ class MemoryLeaseStore:
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         state = self.state
-        current = state.record()
-        if current is None or (current.forgotten and current.term < term):
+        if room_for_marker(state.record(), term):
             wall = state.clock.wall()
             state.row = _Row(None, term, duration, state.next_version(), False, None, wall)
             return self._changed()

@@ -55,6 +55,7 @@ from sidecar.backends.base import (
     NotOwned,
     StoreUnavailable,
     lost_grant,
+    room_for_marker,
 )
 from sidecar.backends.kubernetes.client import (
     MERGE_PATCH,
@@ -455,7 +456,7 @@ class KubernetesLeaseStore:
         409 or 404 means someone wrote first: report what is there."""
         lease = await self._get()
         record = self._observe(lease)
-        if record is not None and not (record.forgotten and record.term < term):
+        if not room_for_marker(record, term):
             return record
         try:
             if lease is None:
