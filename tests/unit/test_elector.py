@@ -389,20 +389,26 @@ async def test_case1_a_second_loss_is_waited_out_on_its_own(world: World) -> Non
     assert c.status().term > b.status().term
 
 
-async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: World) -> None:
-    """Two losses, and the grant between them never reached c (its watch only said "the
-    store changed, and holds nothing"): c waits anew and takes a term above b's."""
-    a, b, c = world.elector("a"), world.elector("b"), world.elector("c")
+async def b_leads_after_a_loss(world: World, a: Elector, b: Elector, c: Elector) -> int:
+    """a leads term 1 and b and c see it; the store loses everything (loss 1), both watches
+    show it, and b, after waiting it out, leads. Returns b's term (c has not seen it)."""
     await a.step()
     await b.step()
     await c.step()
-    world.state.delete()
+    world.state.delete()  # loss 1
     b.on_watch(None)
     c.on_watch(None)
     world.clock.advance(TIMING.lease_duration + 0.1)
     await b.step()
     assert b.status().leader
-    b_term = b.status().term
+    return b.status().term
+
+
+async def test_case1_a_loss_whose_grant_was_never_seen_jumps_further(world: World) -> None:
+    """Two losses, and the grant between them never reached c (its watch only said "the
+    store changed, and holds nothing"): c waits anew and takes a term above b's."""
+    a, b, c = world.elector("a"), world.elector("b"), world.elector("c")
+    b_term = await b_leads_after_a_loss(world, a, b, c)
     world.state.delete()  # before c saw b's grant
     c.on_watch(None)
     second_loss = world.clock.now()
@@ -459,16 +465,7 @@ async def test_case1_a_second_loss_hidden_by_an_outage_is_waited_out_too(world: 
     the lease at once when the store answers again — that grant would repeat b's term."""
     a, b = world.elector("a"), world.elector("b")
     c = world.elector("c", {"acquire", "read", "mark_lost"})
-    await a.step()
-    await b.step()
-    await c.step()
-    world.state.delete()  # loss 1
-    b.on_watch(None)
-    c.on_watch(None)
-    world.clock.advance(TIMING.lease_duration + 0.1)
-    await b.step()
-    assert b.status().leader
-    b_term = b.status().term
+    b_term = await b_leads_after_a_loss(world, a, b, c)
     store_of(c).fail_next("acquire", StoreUnavailable("the API server restarts"))
     await c.step()  # c's attempt meets the outage; meanwhile the store forgets b's grant
     world.state.delete()  # loss 2, unseen by c
