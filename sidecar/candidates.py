@@ -180,14 +180,10 @@ class CandidateBeat:
             except TimeoutError:
                 pass
 
-    async def leave(self, timeout: float) -> None:
-        """Mark this replica as leaving (nobody hands it a lease), then remove its record."""
+    def leaving(self) -> None:
+        """From now on this replica is leaving: it hands itself no lease, and a beat still in
+        flight writes the mark (the record is removed next, `remove`)."""
         self.view.me = dataclasses.replace(self.view.me, leaving=True)
-        try:
-            async with asyncio.timeout(max(0.01, timeout)):
-                await self.registry.beat(self.view.me, self.lease_duration)
-        except (StoreError, TimeoutError):
-            pass
 
     async def remove(self, timeout: float) -> None:
         try:

@@ -459,8 +459,8 @@ class LeaseSet:
         return bool(await self._release_all(names, self._successors(names), "released"))
 
     async def shutdown(self, reason: str, budget: float) -> bool:
-        """Leave: mark this replica leaving, hand every lease it holds to the best successor
-        (a replica of the newer revision in a rolling update), remove its record."""
+        """Leave: hand every lease this replica holds to the best successor (a replica of the
+        newer revision in a rolling update), and remove its candidate record."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         await self._fresh_candidates(min(0.25, budget / 4))
@@ -473,15 +473,23 @@ class LeaseSet:
                 leases=len(successors),
                 to=sorted(set(successors.values())),
             )
-        # The hand-over goes first (it is what the successor waits for); "leaving" goes out
-        # beside it, so that no other replica hands this one a lease meanwhile.
-        leaving = [asyncio.create_task(self.beat.leave(min(0.2, budget / 4)))] if self.beat else []
+        # The hand-over goes first: it is what the successor waits for. Then one request takes
+        # this replica's record away (marked leaving here first, so that a beat racing the
+        # removal writes "leaving"). With several leases the releases take a while and other
+        # replicas balance meanwhile, so the record goes beside them and nobody hands this
+        # replica a lease in between; with one lease nobody balances, and the request stays off
+        # the hand-over's path (it would reach the store before the release).
+        removal: list[asyncio.Task[None]] = []
+        if self.beat is not None:
+            self.beat.leaving()
+            if len(self.electors) > 1:
+                removal.append(asyncio.create_task(self.beat.remove(min(0.2, budget / 4))))
         # Every lease, not only those held now: a grant in flight completes before its
         # elector's lock lets the release in (then it goes without a named successor).
         released = await self._release_all(list(self.electors), successors, reason, deadline)
-        await asyncio.gather(*leaving, return_exceptions=True)
-        if self.beat is not None:
+        if self.beat is not None and not removal:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
+        await asyncio.gather(*removal, return_exceptions=True)
         return bool(released)
 
     def _successors(self, leases: list[str]) -> dict[str, str]:
