@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from redis.asyncio import Redis
 
 from sidecar.backends.base import Candidate, LeaseRecord, StoreUnavailable
 from sidecar.backends.redis import RedisStoreClient, candidates_key, lease_keys, parse_target
@@ -167,44 +166,6 @@ async def test_an_outage_starts_one_new_epoch_not_one_per_failed_request(
         _, _, epoch_before = before.version.rpartition("~")
         _, _, epoch_after = after.version.rpartition("~")
         assert int(epoch_after) == int(epoch_before) + 1
-
-
-async def test_requests_reuse_a_connection_but_never_one_a_cancelled_request_left_a_reply_on(
-    server: RedisServer,
-) -> None:
-    """A client per request slot is kept with its connection between requests (building one
-    per request cost more than the request). One whose request was cancelled before its
-    reply arrived is not: the next request there would read that old reply as its own."""
-    async with client_of(server.url) as client:
-        built = 0
-        build = client.redis.client
-
-        def counted() -> Redis:
-            nonlocal built
-            built += 1
-            return build()
-
-        client.redis.client = counted  # type: ignore[method-assign]
-        lease = client.lease("reuse")
-        for _ in range(50):
-            assert await lease.read() is None
-        assert built == 1
-        requests = [c for c in connections_of(server, NAME) if int(str(c["sub"])) == 0]
-        assert len(requests) == 1, requests
-        server.pause()
-        try:
-            reading = asyncio.create_task(lease.read())
-            await asyncio.sleep(0.3)  # sent; the reply waits for the paused server
-            reading.cancel()
-            await asyncio.gather(reading, return_exceptions=True)
-        finally:
-            server.resume()
-        granted = await lease.try_acquire("a_1", 30.0, 0, expected=None)
-        assert (granted.holder, granted.term) == ("a_1", 1)
-        seen = await lease.read()
-        assert seen is not None
-        assert seen.version == granted.version
-        assert built == 2  # the cancelled request's client was closed, not kept
 
 
 # -- candidates -----------------------------------------------------------------------------
