@@ -118,6 +118,10 @@ class CandidateBeat:
         self._wake = asyncio.Event()
         self.listed_at = float("-inf")  # when the others' records were last read
         self.answered_at = float("-inf")  # when the store last answered a candidate request
+        # `follow`: a change notice not yet read, and a read in flight.
+        self._unread = True
+        self._reading = False
+        self._read_soon = asyncio.Event()
 
     async def once(self) -> bool:
         """One beat and (when needed) one listing. True when they answered."""
@@ -147,6 +151,12 @@ class CandidateBeat:
             return False
         self._count("candidate_list", "ok", self._clock.now() - started)
         self.answered_at = self._clock.now()
+        self._observe(records)
+        return True
+
+    def _observe(self, records: list[Candidate], *, quiet: bool = False) -> None:
+        """``quiet``: tell the sidecar only if the live set changed (a stream that brings
+        every beat of every replica must not wake a thousand electors each time)."""
         now = self._clock.now()
         before = [c.identity for c in self.view.live(now)]
         self.view.observe(records, now)
@@ -154,8 +164,53 @@ class CandidateBeat:
         after = [c.identity for c in self.view.live(now)]
         if before != after:
             log(logger, "info", "candidates changed", live=len(after), candidates=after)
-        self._on_change()
-        return True
+        if before != after or not quiet:
+            self._on_change()
+
+    def current(self) -> bool:
+        """The view holds every change of the group so far: its change stream is connected,
+        nothing it reported is left to read, and the records were read within about a beat
+        (liveness is judged from versions seen changing, and a stream may tell only joins and
+        leaves). A hand-over then needs no read first."""
+        return (
+            self.registry.following()
+            and not self._unread
+            and not self._reading
+            and self._clock.now() - self.listed_at < 1.5 * self.interval
+        )
+
+    async def follow(self) -> None:
+        """Keep the view current from the registry's change notices (a store that cannot
+        follow its group ends this at once, and `current` stays false). Runs until cancelled;
+        a failed read is retried at the next notice or beat."""
+        reader = asyncio.create_task(self._read_notices(), name="candidates-read")
+        try:
+            async for notice in self.registry.changes():
+                if notice is None:
+                    self._unread = True
+                    self._read_soon.set()
+                elif not self._reading:
+                    self._observe(notice, quiet=True)
+                    self._unread = False
+                else:  # a read in flight may answer older than this: read once more after it
+                    self._unread = True
+                    self._read_soon.set()
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_notices(self) -> None:
+        while True:
+            await self._read_soon.wait()
+            self._read_soon.clear()
+            self._unread = False  # a notice from here on asks for another read
+            self._reading = True
+            try:
+                answered = await self.refresh(self.request_timeout)
+            finally:
+                self._reading = False
+            if not answered:
+                self._unread = True
 
     def _failed(self, exc: BaseException) -> None:
         if self._throttle.allow():

@@ -218,6 +218,7 @@ class LeaseSet:
         helpers = []
         if self.beat is not None:
             helpers.append(asyncio.create_task(self.beat.run(), name="candidates"))
+            helpers.append(asyncio.create_task(self.beat.follow(), name="candidates-follow"))
             if len(self.electors) > 1:
                 helpers.append(asyncio.create_task(self._balance(), name="balance"))
         try:
@@ -413,12 +414,13 @@ class LeaseSet:
         return await on_loop(self._loop, self._transfer(lease, to))
 
     async def _fresh_candidates(self, timeout: float) -> None:
-        """Before choosing a successor, read the candidates again: in a rolling update the
-        controller stops an old pod right after a new one turned ready, so a list read even a
-        moment before may miss the very replica the lease should go to (the rollout benchmark
-        saw stale lists hand the lease to an old replica, or to one already gone). One round
-        trip on the hand-over."""
-        if self.beat is not None:
+        """Before choosing a successor, the candidates as they are now: in a rolling update
+        the controller stops an old pod right after a new one turned ready, so a list read even
+        a moment before may miss the very replica the lease should go to (the rollout benchmark
+        saw stale lists hand the lease to an old replica, or to one already gone). A view kept
+        current by the group's change stream (Redis, Kubernetes) is used as it is; otherwise
+        one read, a round trip on the hand-over."""
+        if self.beat is not None and not self.beat.current():
             await self.beat.refresh(timeout)
 
     async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:

@@ -238,6 +238,18 @@ class CandidateRegistry(Protocol):
         """Remove ``identity``'s record (a graceful exit). Raises `StoreUnavailable`."""
         ...
 
+    def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        """The group's changes as they happen, until cancelled: a replica joined, left, or
+        changed its revision, priority or leaving mark. ``None``: read the records (yielded
+        first, and again whenever the stream reconnects); a list: every record as it is now.
+        Never raises. A store that cannot follow its group ends at once: the sidecar then
+        reads the group before every hand-over."""
+        ...
+
+    def following(self) -> bool:
+        """True while `changes` is connected, so that no change it reports goes unseen."""
+        ...
+
 
 @runtime_checkable
 class StoreClient(Protocol):

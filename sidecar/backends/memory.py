@@ -166,6 +166,7 @@ class MemoryServer:
         self.clock = clock
         self.leases: dict[str, MemoryLeaseState] = {}
         self.groups: dict[str, dict[str, Candidate]] = {}
+        self.followers: dict[str, set[asyncio.Queue[None]]] = {}  # per group: `changes` runs
         self._beats = 0
 
     def state(self, name: str) -> MemoryLeaseState:
@@ -182,18 +183,48 @@ class MemoryCandidates:
     def __init__(self, server: MemoryServer, group: str) -> None:
         self.server = server
         self.group = group
+        self._following = 0
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
         records = self.server.groups.setdefault(self.group, {})
+        old = records.get(candidate.identity)
         records[candidate.identity] = dataclasses.replace(
             candidate, version=self.server.next_beat(), beat_at=self.server.clock.wall()
         )
+        if old is None or _announced(old) != _announced(candidate):
+            self._announce()
 
     async def list(self) -> list[Candidate]:
         return list(self.server.groups.get(self.group, {}).values())
 
     async def leave(self, identity: str) -> None:
-        self.server.groups.get(self.group, {}).pop(identity, None)
+        if self.server.groups.get(self.group, {}).pop(identity, None) is not None:
+            self._announce()
+
+    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        notices: asyncio.Queue[None] = asyncio.Queue()
+        followers = self.server.followers.setdefault(self.group, set())
+        followers.add(notices)
+        self._following += 1
+        try:
+            yield None
+            while True:
+                yield await notices.get()
+        finally:
+            self._following -= 1
+            followers.discard(notices)
+
+    def following(self) -> bool:
+        return self._following > 0
+
+    def _announce(self) -> None:
+        for notices in self.server.followers.get(self.group, ()):
+            notices.put_nowait(None)
+
+
+def _announced(candidate: Candidate) -> tuple[str, int, bool]:
+    """What a change notice is sent for: the fields a hand-over chooses by."""
+    return (candidate.revision, candidate.priority, candidate.leaving)
 
 
 class MemoryStoreClient:

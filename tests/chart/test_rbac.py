@@ -49,9 +49,12 @@ def needed(
             for verb in ("get", "list", "watch", "update", "patch")
             for name in (lease,)
         ),
-        # The group's candidates (one annotation per replica, merge-patched): read and patch.
-        (lease_namespace, *LEASES, "get", f"{lease}-candidates"),
-        (lease_namespace, *LEASES, "patch", f"{lease}-candidates"),
+        # The group's candidates (one annotation per replica, merge-patched): read, watch
+        # (list and watch with fieldSelector=metadata.name=<lease>-candidates) and patch.
+        *(
+            (lease_namespace, *LEASES, verb, f"{lease}-candidates")
+            for verb in ("get", "list", "watch", "patch")
+        ),
         (lease_namespace, *LEASES, "create", "*"),
         (pod_namespace, *PODS, "patch", "*"),
         # Events are recorded on the Lease, so next to it.
@@ -101,6 +104,8 @@ def test_what_the_sidecar_does_is_allowed(helm: Helm, switch: str) -> None:
         Request("update", *LEASES, lease_ns, lease),
         Request("patch", *LEASES, lease_ns, lease),
         Request("get", *LEASES, lease_ns, f"{lease}-candidates"),
+        Request("list", *LEASES, lease_ns, f"{lease}-candidates"),
+        Request("watch", *LEASES, lease_ns, f"{lease}-candidates"),
         Request("patch", *LEASES, lease_ns, f"{lease}-candidates"),
         Request("patch", *PODS, "apps", "demo-leader-sidecar-example-7d9c-aaaaa"),
         Request("create", "", "events", lease_ns),
@@ -122,9 +127,8 @@ def test_everything_else_is_forbidden(helm: Helm, switch: str) -> None:
         Request("delete", *LEASES, lease_ns, lease),
         Request("deletecollection", *LEASES, lease_ns),
         Request("get", *LEASES, "kube-system", lease),
-        # The candidates Lease is only read and merge-patched, never replaced or watched.
+        # The candidates Lease is read, watched and merge-patched, never replaced or deleted.
         *(Request(v, *LEASES, lease_ns, f"{lease}-candidates") for v in ("update", "delete")),
-        Request("watch", *LEASES, lease_ns, f"{lease}-candidates"),
         # Pods: no list/watch/delete/create, nothing in other namespaces, no subresources.
         *(Request(v, *PODS, "apps") for v in ("list", "watch", "create", "deletecollection")),
         Request("delete", *PODS, "apps", "demo-leader-sidecar-example-7d9c-x2x4q"),

@@ -54,7 +54,7 @@ def role_matches_the_sidecar(manifests: list[Manifest]) -> None:
     by_verbs = {tuple(rule["verbs"]): rule["resourceNames"] for rule in rules}
     assert by_verbs == {
         ("get", "list", "watch", "update", "patch"): list(sidecar_config.lease_names),
-        ("get", "patch"): [f"{sidecar_config.candidate_group}-candidates"],
+        ("get", "list", "watch", "patch"): [f"{sidecar_config.candidate_group}-candidates"],
     }
 
 

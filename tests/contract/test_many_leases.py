@@ -126,3 +126,54 @@ async def test_candidates_beat_list_and_leave(harness: StoreHarness) -> None:
     assert await other.candidates(f"{harness.lease_name}-elsewhere").list() == []
     await mine.leave("a_1")
     assert [c.identity for c in await theirs.list()] == ["b_1"]
+
+
+async def test_a_follower_of_the_group_hears_each_join_leaving_mark_and_leave(
+    harness: StoreHarness,
+) -> None:
+    """`changes` tells a join, a new leaving mark and a leave within moments, and `following`
+    says when it is connected; a store that cannot follow (SQLite) ends at once and never
+    says it follows, and the sidecar reads the group before each hand-over instead."""
+    one, other = harness.new_client(), harness.new_client()
+    group = f"{harness.lease_name}-followed"
+    follower, writer = one.candidates(group), other.candidates(group)
+    notices: asyncio.Queue[list[Candidate] | None] = asyncio.Queue()
+
+    async def follow() -> None:
+        async for notice in follower.changes():
+            await notices.put(notice)
+
+    task = asyncio.create_task(follow())
+    try:
+        first = asyncio.create_task(notices.get())
+        done, _ = await asyncio.wait({first, task}, timeout=5.0, return_when="FIRST_COMPLETED")
+        assert done, "neither a first notice nor the end of the stream"
+        if task in done:
+            first.cancel()
+            assert task.exception() is None
+            assert not follower.following()
+            return
+        deadline = time.monotonic() + 5.0
+        while not follower.following():
+            assert time.monotonic() < deadline, "a notice came, but never `following`"
+            await asyncio.sleep(0.01)
+
+        async def heard(check: object) -> None:
+            """Notices until the records they point at pass ``check``."""
+            while True:
+                notice = await asyncio.wait_for(notices.get(), timeout=5.0)
+                records = await follower.list() if notice is None else notice
+                if check({c.identity: c for c in records}):  # type: ignore[operator]
+                    return
+
+        await writer.beat(Candidate("b_1", "", "rev-b", 0, False, None), LEASE)
+        await heard(lambda seen: "b_1" in seen and not seen["b_1"].leaving)
+        await writer.beat(Candidate("b_1", "", "rev-b", 0, True, None), LEASE)
+        await heard(lambda seen: "b_1" in seen and seen["b_1"].leaving)
+        await writer.leave("b_1")
+        await heard(lambda seen: "b_1" not in seen)
+        assert follower.following()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not follower.following()

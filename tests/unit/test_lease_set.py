@@ -32,7 +32,10 @@ class Cluster:
         self._leaders: dict[str, str | None] = {}
         self._observer: asyncio.Task[None] | None = None
 
-    async def start(self, name: str, *, revision: str = "", priority: int = 0) -> LeaseSet:
+    async def start(
+        self, name: str, *, revision: str = "", priority: int = 0, follows: bool = True
+    ) -> LeaseSet:
+        """``follows=False``: a store that cannot follow the candidate group (SQLite)."""
         registry = CollectorRegistry()
         lease_set = LeaseSet.open(
             MemoryStoreClient(self.server),
@@ -45,6 +48,15 @@ class Cluster:
             priority=priority,
             stand_back=0.3,
         )
+        if not follows:
+            assert lease_set.beat is not None
+
+            async def never() -> AsyncIterator[list[Candidate] | None]:
+                return
+                yield
+
+            lease_set.beat.registry.changes = never  # type: ignore[method-assign]
+            lease_set.beat.registry.following = lambda: False  # type: ignore[method-assign]
         await lease_set.prime(0.1)
         self.sets[name] = lease_set
         self.tasks[name] = asyncio.create_task(lease_set.run())
@@ -62,11 +74,12 @@ class Cluster:
         self._crashed = [*getattr(self, "_crashed", []), lease_set]
 
     async def stop(self, name: str) -> None:
-        """SIGTERM: hand over, then stop."""
+        """SIGTERM, in the order the sidecar does it: stop the electors, hand over, then
+        end the loops (the candidates' change stream still runs during the hand-over)."""
         lease_set = self.sets[name]
         lease_set.stop()
-        await asyncio.gather(self.tasks[name], return_exceptions=True)
         await lease_set.shutdown("shutdown", 0.5)
+        await asyncio.gather(self.tasks[name], return_exceptions=True)
         del self.sets[name], self.tasks[name]
 
     def observed_up_to_date(self) -> bool:
@@ -283,13 +296,16 @@ async def test_transfer_hands_the_lease_to_the_named_replica(cluster_of) -> None
     assert cluster.violations == []
 
 
+@pytest.mark.parametrize("follows", [True, False], ids=["store-follows-group", "cannot-follow"])
 async def test_shutdown_hands_the_lease_to_the_other_revision(
-    cluster_of, caplog: pytest.LogCaptureFixture
+    cluster_of, caplog: pytest.LogCaptureFixture, follows: bool
 ) -> None:
     """A rolling update: the old leader's successor is a replica of the new revision, which
-    it learns of by reading the candidates at shutdown (its periodic read is off here)."""
+    joined after the leader's last periodic read of the candidates. A store that follows the
+    group told the leader of the join, and the hand-over reads nothing first (one round trip
+    less); a store that cannot (SQLite) is read once at shutdown."""
     cluster = cluster_of(1)
-    old_a = await cluster.start("old-a", revision="v1")
+    old_a = await cluster.start("old-a", revision="v1", follows=follows)
     await cluster.until(lambda: cluster.held() == {"old-a": 1}, 3, "old-a leads")
     assert old_a.beat is not None
     old_a.beat.interval = 3600.0
@@ -298,8 +314,17 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
     await asyncio.sleep(0.01)
     # An old replica that (re)started after the new one: the newest start is not the answer.
     await cluster.start("old-b", revision="v1")
-    # Stopped at once, before its periodic read of the candidates could see the others: the
-    # hand-over reads them again first.
+    await asyncio.sleep(0.01)
+    assert old_a.beat.current() is follows
+    reads = 0
+    read = old_a.beat.registry.list
+
+    async def counted() -> list[Candidate]:
+        nonlocal reads
+        reads += 1
+        return await read()
+
+    old_a.beat.registry.list = counted  # type: ignore[method-assign]
     caplog.set_level("INFO", logger="sidecar.leases")
     await cluster.stop("old-a")
     named = [
@@ -308,6 +333,7 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
         if r.getMessage() == "handing the leases over on shutdown"
     ]
     assert named == [["new-a_0000"]]
+    assert reads == (0 if follows else 1)
     await cluster.until(lambda: cluster.held().get("new-a") == 1, 1, "new-a leads")
     assert cluster.held()["old-b"] == 0
     assert cluster.violations == []

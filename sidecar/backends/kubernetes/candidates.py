@@ -20,15 +20,24 @@ an object at 256 KiB together: about a thousand replicas per group.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import random
 import secrets
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from sidecar.backends.base import Candidate
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
-from sidecar.backends.kubernetes.watch import unavailable
+from sidecar.backends.kubernetes.watch import (
+    Selection,
+    backoff,
+    list_leases,
+    stream_leases,
+    unavailable,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 KEY_PREFIX = "candidates.leader-sidecar.io/"
@@ -89,6 +98,15 @@ def _annotations(lease: dict[str, Any] | None) -> dict[str, Any]:
     return ((lease or {}).get("metadata") or {}).get("annotations") or {}
 
 
+def _records(lease: dict[str, Any] | None) -> list[Candidate]:
+    found = []
+    for key, value in _annotations(lease).items():
+        candidate = decode(value) if key.startswith(KEY_PREFIX) else None
+        if candidate is not None:
+            found.append(candidate)
+    return found
+
+
 class KubernetesCandidates:
     """The candidates of ``group`` in the Lease ``<group>-candidates`` of ``namespace``."""
 
@@ -100,6 +118,8 @@ class KubernetesCandidates:
         *,
         clock: Clock = SYSTEM_CLOCK,
         gc_every: float = 60.0,
+        watch_timeout: float = 60.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -108,6 +128,9 @@ class KubernetesCandidates:
         self._clock = clock
         self._gc_every = gc_every  # monotonic seconds between garbage collections
         self._last_gc = float("-inf")
+        self.watch_timeout = watch_timeout
+        self._rng = rng or random.Random()
+        self._streaming = False  # `changes` is listed and watching
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
         """Write our own key only; create the Lease if the group has none yet."""
@@ -125,13 +148,7 @@ class KubernetesCandidates:
             await self._collect(beat_at - timedelta(seconds=GC_LEASES * duration))
 
     async def list(self) -> list[Candidate]:
-        lease = await self._get()
-        found = []
-        for key, value in _annotations(lease).items():
-            candidate = decode(value) if key.startswith(KEY_PREFIX) else None
-            if candidate is not None:
-                found.append(candidate)
-        return found
+        return _records(await self._get())
 
     async def leave(self, identity: str) -> None:
         patch = {"metadata": {"annotations": {annotation_key(identity): None}}}
@@ -140,6 +157,40 @@ class KubernetesCandidates:
         except CallError as error:
             if error.status != 404:  # no registry: nothing to leave
                 raise unavailable(error, self.namespace) from None
+
+    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        """The group's Lease, listed and then watched (the loop of watch.py): every record at
+        each change. Every beat is a change here, so the view stays current on versions too."""
+        selection = Selection(self.namespace, field_selector=f"metadata.name={self.name}")
+        version: str | None = None
+        failures = 0
+        try:
+            while True:
+                try:
+                    if version is None:
+                        items, version = await list_leases(self.api, selection, "list candidates")
+                        self._streaming = True
+                        yield _records(items[0] if items else None)
+                    async for kind, lease, resume_at in stream_leases(
+                        self.api, selection, version, self.watch_timeout, "watch candidates"
+                    ):
+                        failures = 0
+                        version = resume_at
+                        if kind in ("ADDED", "MODIFIED", "DELETED"):
+                            yield _records(lease if kind != "DELETED" else None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # Relist, CallError, StoreUnavailable, WatchBroken, bad JSON
+                    # List again, as the lease watch does; until then a change may go unseen.
+                    self._streaming = False
+                    version = None
+                    failures += 1
+                    await asyncio.sleep(backoff(failures, self._rng))
+        finally:
+            self._streaming = False
+
+    def following(self) -> bool:
+        return self._streaming
 
     # -- requests ---------------------------------------------------------------------------
 

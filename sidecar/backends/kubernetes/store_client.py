@@ -92,7 +92,9 @@ class KubernetesStoreClient:
         )
 
     def candidates(self, group: str) -> KubernetesCandidates:
-        return KubernetesCandidates(self.api, self.namespace, group, clock=self._clock)
+        return KubernetesCandidates(
+            self.api, self.namespace, group, clock=self._clock, watch_timeout=self.watch_timeout
+        )
 
     async def close(self) -> None:
         if self._shared is not None:

@@ -4,17 +4,22 @@ field per identity whose value is JSON ``{"version", "revision", "priority", "le
 
 Every beat writes a new random version; readers judge liveness from versions on their own
 clock (rule 2). ``beat_at`` and ``gc_at_ms`` are wall time, for humans and for the garbage
-collection in the `BEAT` script (20 leases without a beat, at least a minute)."""
+collection in the `BEAT` script (20 leases without a beat, at least a minute).
+
+A join, a leave, or a change of what a hand-over chooses by (revision, priority, the leaving
+mark) is published on ``leader-sidecar:candidates:{GROUP}:events`` (`changes`), so a leader
+that follows the group need not read it again before it hands a lease over."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import Candidate
 from sidecar.backends.redis.client import ms, new_version
-from sidecar.backends.redis.scripts import candidates_key, wall_time
+from sidecar.backends.redis.scripts import candidates_channel, candidates_key, wall_time
 
 if TYPE_CHECKING:
     from sidecar.backends.redis.client import RedisStoreClient
@@ -29,6 +34,8 @@ class RedisCandidates:
         self.client = client
         self.group = group
         self._key = candidates_key(group)
+        self._channel = candidates_channel(group)
+        self._following = 0  # `changes` running
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
         wall = self.client.clock.wall()
@@ -48,7 +55,7 @@ class RedisCandidates:
 
         async def work() -> None:
             async with self.client.borrowed() as conn:
-                args: list[str | int] = [candidate.identity, value, now_ms]
+                args: list[str | int] = [candidate.identity, value, now_ms, self._channel]
                 await self.client.beat_script(keys=[self._key], args=args, client=conn)
 
         await self.client.guarded(work, self._key)
@@ -67,9 +74,26 @@ class RedisCandidates:
     async def leave(self, identity: str) -> None:
         async def work() -> None:
             async with self.client.borrowed() as conn:
-                await conn.hdel(self._key, identity)
+                args: list[str | int] = [identity, self._channel]
+                await self.client.leave_script(keys=[self._key], args=args, client=conn)
 
         await self.client.guarded(work, self._key)
+
+    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        """A notice per message on the group's channel, and per (re)subscription: the hub
+        shares its one pub/sub connection with the leases."""
+        mailbox = self.client.hub.join(self._channel)
+        self._following += 1
+        try:
+            while True:
+                await mailbox.next()
+                yield None
+        finally:
+            self._following -= 1
+            self.client.hub.leave(mailbox)
+
+    def following(self) -> bool:
+        return self._following > 0 and self.client.hub.subscribed(self._channel)
 
 
 def _candidate(identity: str, data: dict[str, Any]) -> Candidate:

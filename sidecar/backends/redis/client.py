@@ -22,7 +22,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
 from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
-from sidecar.backends.redis.scripts import ACQUIRE, BEAT, MARK_LOST, READ, RELEASE, RENEW
+from sidecar.backends.redis.scripts import (
+    ACQUIRE,
+    BEAT,
+    LEAVE,
+    MARK_LOST,
+    READ,
+    RELEASE,
+    RENEW,
+)
 from sidecar.backends.redis.sentinel import follow_sentinels
 from sidecar.backends.redis.target import RedisTarget, join_host
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -86,6 +94,7 @@ class RedisStoreClient:
         self.read_script = self.redis.register_script(READ)
         self.mark_lost_script = self.redis.register_script(MARK_LOST)
         self.beat_script = self.redis.register_script(BEAT)
+        self.leave_script = self.redis.register_script(LEAVE)
         self.master_generation = 0  # bumped on every Sentinel +switch-master
         # Bumped whenever the server may have lost writes this process saw (the pub/sub
         # connection had to reconnect, a request failed, the Sentinels switched master). It is

@@ -79,6 +79,10 @@ class ChannelHub:
             self._task = asyncio.create_task(self._run(), name="redis-pubsub")
         return mailbox
 
+    def subscribed(self, channel: str) -> bool:
+        """The server confirmed ``channel`` on the connection that is up now."""
+        return channel in self._confirmed
+
     def leave(self, mailbox: Mailbox) -> None:
         watchers = self._mailboxes.get(mailbox.channel)
         if watchers is not None:

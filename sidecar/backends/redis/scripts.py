@@ -25,6 +25,11 @@ def candidates_key(group: str) -> str:
     return f"{KEY_PREFIX}:candidates:{{{group}}}"
 
 
+def candidates_channel(group: str) -> str:
+    """Where the group's changes are published (joins, leaves, a new leaving mark)."""
+    return f"{candidates_key(group)}:events"
+
+
 # -- the scripts: one per ownership-dependent step (rule 1) -----------------------------------
 # Every script answers the same shape, so one function turns any reply into a record:
 #   {granted (1|0), holder value (JSON string) | nil, term counter | nil}
@@ -190,10 +195,25 @@ return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 # collection only, as for the holder key: readers judge liveness by watching versions (rule
 # 2); a skewed clock can at worst drop a live record until its next beat. Values that are not
 # ours are left alone (the hash's own TTL still collects them).
+# Publishes the identity on ARGV[4], the group's channel, when the record is new or changes what
+# a hand-over chooses by (revision, priority, leaving): a leader following the group reads it
+# again then, and need not read it before handing a lease over. A record that is not ours
+# counts as new.
 # Returns the number of records dropped.
 BEAT = """
 local now = tonumber(ARGV[3])
+local function chosen_by(value)
+  local ok, record = pcall(cjson.decode, value or '')
+  if not ok or type(record) ~= 'table' then return nil end
+  return tostring(record.revision) .. '|' .. tostring(record.priority) .. '|' ..
+    tostring(record.leaving)
+end
+local before = redis.call('HGET', KEYS[1], ARGV[1])
+local was = before and chosen_by(before)
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if was == nil or was == false or was ~= chosen_by(ARGV[2]) then
+  redis.call('PUBLISH', ARGV[4], ARGV[1])
+end
 local fields = redis.call('HGETALL', KEYS[1])
 local last, dropped = 0, 0
 for i = 1, #fields, 2 do
@@ -210,6 +230,17 @@ if last > now then
   redis.call('PEXPIRE', KEYS[1], string.format('%d', last - now))
 end
 return dropped
+"""
+
+
+# A candidate's graceful exit. KEYS[1] the group's hash. ARGV[1] identity, ARGV[2] the group's
+# channel, told when a record went. Returns the number of records removed.
+LEAVE = """
+local removed = redis.call('HDEL', KEYS[1], ARGV[1])
+if removed > 0 then
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+end
+return removed
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -74,3 +75,12 @@ class SQLiteCandidates:
                 conn.execute(LEAVE, params)
 
         await self.client.connection.run(leave)
+
+    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        """Not followed: the file has no notifications, and polling the group as often as
+        the leases would double the poller's work for a read saved at each hand-over."""
+        return
+        yield
+
+    def following(self) -> bool:
+        return False
