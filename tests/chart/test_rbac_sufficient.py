@@ -215,10 +215,11 @@ async def test_the_charts_role_is_enough_for_election_hand_off_labels_and_events
         if r["rbac"]["allowed"]
     }
     assert used == granted(chart.rbac)
-    # list and watch were authorized for the Lease by name (the fieldSelector), as the
-    # resourceNames rule requires.
+    # list and watch were authorized for the Lease and the candidates Lease by name (the
+    # fieldSelector), as the resourceNames rules require.
     assert {r["rbac"]["name"] for r in sidecars if r["rbac"]["verb"] in ("list", "watch")} == {
-        chart.lease
+        chart.lease,
+        f"{chart.lease}-candidates",
     }
 
 

@@ -202,29 +202,35 @@ return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 # Returns the number of records dropped.
 BEAT = """
 local now = tonumber(ARGV[3])
-local function chosen_by(value)
+local function decoded(value)
   local ok, record = pcall(cjson.decode, value or '')
-  if not ok or type(record) ~= 'table' then return nil end
+  if ok and type(record) == 'table' then return record end
+  return nil
+end
+local function chosen_by(record)
   return tostring(record.revision) .. '|' .. tostring(record.priority) .. '|' ..
     tostring(record.leaving)
 end
-local before = redis.call('HGET', KEYS[1], ARGV[1])
-local was = before and chosen_by(before)
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if was == nil or was == false or was ~= chosen_by(ARGV[2]) then
-  redis.call('PUBLISH', ARGV[4], ARGV[1])
-end
 local fields = redis.call('HGETALL', KEYS[1])
-local last, dropped = 0, 0
+local mine = decoded(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local before, last, dropped = nil, tonumber(mine and mine.gc_at_ms) or 0, 0
 for i = 1, #fields, 2 do
-  local ok, record = pcall(cjson.decode, fields[i + 1])
-  local gc_at = ok and type(record) == 'table' and tonumber(record.gc_at_ms) or nil
-  if gc_at and gc_at <= now then
-    redis.call('HDEL', KEYS[1], fields[i])
-    dropped = dropped + 1
-  elseif gc_at and gc_at > last then
-    last = gc_at
+  local record = decoded(fields[i + 1])
+  if fields[i] == ARGV[1] then
+    before = record
+  else
+    local gc_at = record and tonumber(record.gc_at_ms) or nil
+    if gc_at and gc_at <= now then
+      redis.call('HDEL', KEYS[1], fields[i])
+      dropped = dropped + 1
+    elseif gc_at and gc_at > last then
+      last = gc_at
+    end
   end
+end
+if before == nil or mine == nil or chosen_by(before) ~= chosen_by(mine) then
+  redis.call('PUBLISH', ARGV[4], ARGV[1])
 end
 if last > now then
   redis.call('PEXPIRE', KEYS[1], string.format('%d', last - now))
