@@ -1,5 +1,6 @@
 """One trial of each measure, on a pool of three replicas of one system. Trials of our sidecar
-and of the anchor run side by side (`asyncio.gather`) so both see the same machine noise.
+and of the anchor run side by side (`asyncio.gather`) so both see the same machine noise;
+hand-offs, a few milliseconds long, run in turn instead (see `benchmarks.run`).
 
 Times are wall-clock seconds on this host. "Leads since" is the replica's own ``since``
 (millisecond precision); "stops claiming" is the first non-200 the observer (polling every

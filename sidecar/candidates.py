@@ -122,6 +122,7 @@ class CandidateBeat:
         self._unread = True
         self._reading = False
         self._read_soon = asyncio.Event()
+        self._streamed_at = float("-inf")  # when the stream last brought every record
 
     async def once(self) -> bool:
         """One beat and (when needed) one listing. True when they answered."""
@@ -137,6 +138,8 @@ class CandidateBeat:
         self.answered_at = self._clock.now()
         if not self._needs_list():
             return True
+        if self.current() and self._clock.now() - self._streamed_at < 1.5 * self.interval:
+            return True  # the stream brings every record, beats included (Kubernetes)
         return await self.refresh(self.request_timeout)
 
     async def refresh(self, timeout: float) -> bool:
@@ -192,6 +195,7 @@ class CandidateBeat:
                 elif not self._reading:
                     self._observe(notice, quiet=True)
                     self._unread = False
+                    self._streamed_at = self._clock.now()
                 else:  # a read in flight may answer older than this: read once more after it
                     self._unread = True
                     self._read_soon.set()

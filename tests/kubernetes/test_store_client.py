@@ -17,6 +17,7 @@ from sidecar.backends.kubernetes import KubernetesLeaseStore, KubernetesStoreCli
 from sidecar.backends.kubernetes.candidates import annotation_key
 from sidecar.backends.kubernetes.client import KubeApi
 from sidecar.backends.kubernetes.store import GROUP_LABEL, SUCCESSOR_ANNOTATION
+from sidecar.candidates import CandidateBeat, CandidateView
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import LEASES
 from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
@@ -183,3 +184,43 @@ async def test_candidates_not_beaten_for_twenty_leases_are_collected(
     fake.cluster.store(LEASES, NAMESPACE, f"{LEASE}-candidates", stored)
     await make_client().candidates(LEASE).beat(Candidate("a_1", ""), 2.0)
     assert [c.identity for c in await registry.list()] == ["a_1"]
+
+
+async def test_a_beat_following_the_candidates_lease_reads_nothing_the_watch_brought(
+    make_client: ClientFactory, fake: FakeApiServer
+) -> None:
+    """The candidates Lease's watch brings every record at every beat, so a replica that
+    needs the group (a leader, or every replica with several leases) neither reads it on its
+    beats nor before a hand-over while the watch runs: the view is current from the stream."""
+    me = Candidate("a_1", "", started_at=datetime(2026, 12, 1, tzinfo=UTC))
+    beat = CandidateBeat(make_client().candidates(LEASE), CandidateView(me, 6.0), 2.0, 1.0, 2.0)
+    other = make_client().candidates(LEASE)
+    await other.beat(Candidate("b_1", ""), 2.0)
+    assert await beat.once()  # its first beat also collects garbage, with a read of its own
+    following = asyncio.create_task(beat.follow())
+    try:
+        await until(beat.current)
+        await other.beat(Candidate("b_1", "", leaving=True), 2.0)
+
+        def reads() -> int:
+            return len(
+                [
+                    r
+                    for r in fake.requests
+                    if r["verb"] == "get" and r["name"] == f"{LEASE}-candidates"
+                ]
+            )
+
+        before = reads()
+        for _ in range(3):
+            assert await beat.once()
+        await until(lambda: any(c.leaving for c in beat.view.all()))
+        assert beat.current()
+        assert reads() == before
+        assert {c.identity for c in beat.view.all()} == {"a_1", "b_1"}
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+    assert not beat.current()
+    assert await beat.once()
+    assert reads() == before + 1  # not following: the beat reads the group again
