@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from redis.asyncio import Redis
 
 from sidecar.backends.base import Candidate, LeaseRecord, StoreUnavailable
 from sidecar.backends.redis import RedisStoreClient, candidates_key, lease_keys, parse_target
@@ -166,6 +167,34 @@ async def test_an_outage_starts_one_new_epoch_not_one_per_failed_request(
         _, _, epoch_before = before.version.rpartition("~")
         _, _, epoch_after = after.version.rpartition("~")
         assert int(epoch_after) == int(epoch_before) + 1
+
+
+async def test_a_request_builds_a_client_of_its_own_only_for_wait(server: RedisServer) -> None:
+    """Building redis-py's single-connection client cost more than the request itself, so a
+    request has one only when ``WAIT`` must follow its script on the same connection
+    (``--redis-min-replicas``); otherwise the shared client picks a pooled connection."""
+    for min_replicas in (0, 1):
+        async with client_of(server.url, min_replicas=min_replicas, wait_timeout=0.05) as client:
+            built = counting_clients(client)
+            lease = client.lease(f"own-client-{min_replicas}")
+            for _ in range(20):
+                assert await lease.read() is None
+            assert len(built) == 20 * min_replicas
+            requests = [c for c in connections_of(server, NAME) if int(str(c["sub"])) == 0]
+            assert len(requests) == 1, requests
+
+
+def counting_clients(client: RedisStoreClient) -> list[Redis]:
+    """Every single-connection client ``client`` builds from now on."""
+    built: list[Redis] = []
+    build = client.redis.client
+
+    def counted() -> Redis:
+        built.append(build())
+        return built[-1]
+
+    client.redis.client = counted  # type: ignore[method-assign]
+    return built
 
 
 # -- candidates -----------------------------------------------------------------------------
