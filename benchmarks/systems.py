@@ -70,6 +70,8 @@ class KubeStore:
         return monotonic + (time.time() - time.monotonic())
 
     def last_write_before(self, lease: str, moment: float) -> float | None:
+        """The arrival of the last write to ``lease`` that was done before ``moment``: one
+        the fake held (a freeze) and applied later is not, though it arrived before."""
         writes = [
             self.wall(r["t"])
             for r in self.fake.requests()
@@ -77,7 +79,7 @@ class KubeStore:
             and r["name"] == lease
             and r["verb"] in ("create", "update", "patch")
             and r["status"] in (200, 201)
-            and self.wall(r["t"]) <= moment
+            and self.wall(r["t"] + (r.get("seconds") or 0.0)) <= moment
         ]
         return max(writes, default=None)
 
