@@ -118,11 +118,15 @@ class CandidateBeat:
         self._wake = asyncio.Event()
         self.listed_at = float("-inf")  # when the others' records were last read
         self.answered_at = float("-inf")  # when the store last answered a candidate request
-        # `follow`: a change notice not yet read, and a read in flight.
-        self._unread = True
-        self._reading = False
+        # Every read, every stream notice and every list a stream brings takes the next number
+        # when it begins: a read's answer older than what the view already holds is dropped,
+        # and the view is current only once a read begun after the last notice was applied.
+        self._numbered = 0
+        self._applied = 0  # the number of what the view holds
+        self._noticed = 0  # the number of the last notice that asks for a read
         self._read_soon = asyncio.Event()
         self._streamed_at = float("-inf")  # when the stream last brought every record
+        self._needs_changed = asyncio.Event()  # `needs_list` may have changed (`wake_follow`)
 
     async def once(self) -> bool:
         """One beat and (when needed) one listing. True when they answered."""
@@ -139,12 +143,16 @@ class CandidateBeat:
         if not self._needs_list():
             return True
         if self.current() and self._clock.now() - self._streamed_at < 1.5 * self.interval:
-            return True  # the stream brings every record, beats included (Kubernetes)
+            # The stream brings every record, beats included (Kubernetes): nothing to read,
+            # but the sidecar hears from the group every beat as it would from a read.
+            self._on_change()
+            return True
         return await self.refresh(self.request_timeout)
 
     async def refresh(self, timeout: float) -> bool:
         """One listing: the others' records as they are now. True when it answered."""
         started = self._clock.now()
+        number = self._next_number()
         try:
             async with asyncio.timeout(timeout):
                 records = await self.registry.list()
@@ -154,8 +162,14 @@ class CandidateBeat:
             return False
         self._count("candidate_list", "ok", self._clock.now() - started)
         self.answered_at = self._clock.now()
-        self._observe(records)
+        if number > self._applied:  # else the view already holds something newer
+            self._applied = number
+            self._observe(records)
         return True
+
+    def _next_number(self) -> int:
+        self._numbered += 1
+        return self._numbered
 
     def _observe(self, records: list[Candidate], *, quiet: bool = False) -> None:
         """``quiet``: tell the sidecar only if the live set changed (a stream that brings
@@ -172,49 +186,66 @@ class CandidateBeat:
 
     def current(self) -> bool:
         """The view holds every change of the group so far: its change stream is connected,
-        nothing it reported is left to read, and the records were read within about a beat
-        (liveness is judged from versions seen changing, and a stream may tell only joins and
-        leaves). A hand-over then needs no read first."""
+        a read begun after its last notice was applied, and the records were read within
+        about a beat (liveness is judged from versions seen changing, and a stream may tell
+        only joins and leaves). A hand-over then needs no read first."""
         return (
             self.registry.following()
-            and not self._unread
-            and not self._reading
+            and self._applied >= self._noticed
             and self._clock.now() - self.listed_at < 1.5 * self.interval
         )
 
+    def wake_follow(self) -> None:
+        """This replica's need for the group may have changed (it became or stopped being a
+        leader): `follow` starts or stops the stream accordingly."""
+        self._needs_changed.set()
+
     async def follow(self) -> None:
-        """Keep the view current from the registry's change notices (a store that cannot
-        follow its group ends this at once, and `current` stays false). Runs until cancelled;
-        a failed read is retried at the next notice or beat."""
+        """Keep the view current from the registry's change notices while this replica needs
+        the group (`needs_list`: a leader, or every replica with several leases; a follower of
+        one lease would only pay for a stream it never uses, and on Kubernetes every beat of
+        every replica is an event). Runs until cancelled, or ends when the store cannot follow
+        its group (`current` then stays false)."""
+        while True:
+            while not self._needs_list():
+                self._needs_changed.clear()
+                await self._needs_changed.wait()
+            stream = asyncio.create_task(self._follow_stream(), name="candidates-stream")
+            try:
+                while self._needs_list() and not stream.done():
+                    self._needs_changed.clear()
+                    changed = asyncio.create_task(self._needs_changed.wait())
+                    await asyncio.wait({stream, changed}, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
+            finally:
+                stream.cancel()
+                await asyncio.gather(stream, return_exceptions=True)
+            if stream.done() and not stream.cancelled():
+                return  # the store cannot follow its group
+
+    async def _follow_stream(self) -> None:
         reader = asyncio.create_task(self._read_notices(), name="candidates-read")
         try:
             async for notice in self.registry.changes():
+                number = self._next_number()
                 if notice is None:
-                    self._unread = True
+                    self._noticed = number
                     self._read_soon.set()
-                elif not self._reading:
+                else:  # every record, newer than any read still in flight
+                    self._applied = number
                     self._observe(notice, quiet=True)
-                    self._unread = False
                     self._streamed_at = self._clock.now()
-                else:  # a read in flight may answer older than this: read once more after it
-                    self._unread = True
-                    self._read_soon.set()
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
     async def _read_notices(self) -> None:
+        """One read per batch of notices; one that fails leaves the view not current until a
+        later read (the next notice's, or the next beat's) answers."""
         while True:
             await self._read_soon.wait()
             self._read_soon.clear()
-            self._unread = False  # a notice from here on asks for another read
-            self._reading = True
-            try:
-                answered = await self.refresh(self.request_timeout)
-            finally:
-                self._reading = False
-            if not answered:
-                self._unread = True
+            await self.refresh(self.request_timeout)
 
     def _failed(self, exc: BaseException) -> None:
         if self._throttle.allow():

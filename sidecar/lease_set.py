@@ -306,6 +306,8 @@ class LeaseSet:
     def _note_change(self) -> None:
         self._last_change = self._clock.now()
         self._rebalance.set()
+        if self.beat is not None:
+            self.beat.wake_follow()  # a leader of one lease follows the group, a follower not
 
     async def _balance(self) -> None:
         quiet_for = self.primary.timing.renew_interval

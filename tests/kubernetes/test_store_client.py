@@ -193,7 +193,15 @@ async def test_a_beat_following_the_candidates_lease_reads_nothing_the_watch_bro
     needs the group (a leader, or every replica with several leases) neither reads it on its
     beats nor before a hand-over while the watch runs: the view is current from the stream."""
     me = Candidate("a_1", "", started_at=datetime(2026, 12, 1, tzinfo=UTC))
-    beat = CandidateBeat(make_client().candidates(LEASE), CandidateView(me, 6.0), 2.0, 1.0, 2.0)
+    heard = 0
+
+    def on_change() -> None:
+        nonlocal heard
+        heard += 1
+
+    beat = CandidateBeat(
+        make_client().candidates(LEASE), CandidateView(me, 6.0), 2.0, 1.0, 2.0, on_change=on_change
+    )
     other = make_client().candidates(LEASE)
     await other.beat(Candidate("b_1", ""), 2.0)
     assert await beat.once()  # its first beat also collects garbage, with a read of its own
@@ -211,9 +219,11 @@ async def test_a_beat_following_the_candidates_lease_reads_nothing_the_watch_bro
                 ]
             )
 
-        before = reads()
+        before, told = reads(), heard
         for _ in range(3):
             assert await beat.once()
+        # Each beat still tells the sidecar, as a read would (the balancer waits for it).
+        assert heard >= told + 3
         await until(lambda: any(c.leaving for c in beat.view.all()))
         assert beat.current()
         assert reads() == before

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import random
 import secrets
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from typing import Any
 from sidecar.backends.base import Candidate
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.watch import (
+    Relist,
     Selection,
     backoff,
     list_leases,
@@ -39,6 +41,9 @@ from sidecar.backends.kubernetes.watch import (
     unavailable,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.logs import log
+
+logger = logging.getLogger("sidecar.kubernetes")
 
 KEY_PREFIX = "candidates.leader-sidecar.io/"
 GC_LEASES = 20
@@ -170,22 +175,35 @@ class KubernetesCandidates:
                     if version is None:
                         items, version = await list_leases(self.api, selection, "list candidates")
                         self._streaming = True
+                        failures = 0
                         yield _records(items[0] if items else None)
                     async for kind, lease, resume_at in stream_leases(
                         self.api, selection, version, self.watch_timeout, "watch candidates"
                     ):
-                        failures = 0
                         version = resume_at
                         if kind in ("ADDED", "MODIFIED", "DELETED"):
                             yield _records(lease if kind != "DELETED" else None)
+                except Relist:
+                    self._streaming = False  # listed again at once
+                    version = None
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # Relist, CallError, StoreUnavailable, WatchBroken, bad JSON
-                    # List again, as the lease watch does; until then a change may go unseen.
+                except Exception as exc:  # CallError, StoreUnavailable, WatchBroken, bad JSON
+                    # List again, as the lease watch does; until then a change may go unseen,
+                    # and a hand-over reads the group first.
                     self._streaming = False
                     version = None
                     failures += 1
-                    await asyncio.sleep(backoff(failures, self._rng))
+                    delay = backoff(failures, self._rng)
+                    log(
+                        logger,
+                        "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
+                        "candidates watch interrupted; reconnecting",
+                        error=str(exc),
+                        failures=failures,
+                        retry_in_seconds=round(delay, 3),
+                    )
+                    await asyncio.sleep(delay)
         finally:
             self._streaming = False
 

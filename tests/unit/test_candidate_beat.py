@@ -1,0 +1,141 @@
+"""The candidate view a hand-over relies on (`CandidateBeat.follow` and `current`): followed
+only while this replica needs the group, never rolled back by a read that answers late, and
+not current while a change the stream reported is unread."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from sidecar.backends.base import Candidate, StoreUnavailable
+from sidecar.backends.memory import MemoryServer, MemoryStoreClient
+from sidecar.candidates import CandidateBeat, CandidateView
+
+A = Candidate("a_1", "v1")
+B = Candidate("b_1", "v1")
+
+
+class Scripted:
+    """A registry the test drives: each read waits for the test's answer (a list, or an
+    exception to raise), and the change stream yields what the test puts in."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[list[Candidate] | Exception] = asyncio.Queue()
+        self.notices: asyncio.Queue[list[Candidate] | None] = asyncio.Queue()
+        self.reads = 0
+        self._following = False
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        return None
+
+    async def list(self) -> list[Candidate]:
+        self.reads += 1
+        answer = await self.answers.get()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def leave(self, identity: str) -> None:
+        return None
+
+    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+        self._following = True
+        try:
+            while True:
+                yield await self.notices.get()
+        finally:
+            self._following = False
+
+    def following(self) -> bool:
+        return self._following
+
+
+async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def beat_of(registry: object, needs_list: Callable[[], bool] = lambda: True) -> CandidateBeat:
+    return CandidateBeat(
+        registry,  # type: ignore[arg-type]
+        CandidateView(A, 30.0),
+        10.0,
+        5.0,
+        1.0,
+        needs_list=needs_list,
+    )
+
+
+def identities(beat: CandidateBeat) -> set[str]:
+    return {c.identity for c in beat.view.all()}
+
+
+async def test_only_a_replica_that_needs_the_group_follows_it() -> None:
+    """A follower of one lease never hands a lease over: it keeps no stream (on Kubernetes
+    every beat of every replica would be an event to it). Leading starts one; losing the
+    lease ends it."""
+    registry = MemoryStoreClient(MemoryServer()).candidates("jobs")
+    needed = False
+    beat = beat_of(registry, lambda: needed)
+    following = asyncio.create_task(beat.follow())
+    try:
+        await asyncio.sleep(0.05)
+        assert not registry.following()
+        needed = True
+        beat.wake_follow()
+        await until(registry.following)
+        needed = False
+        beat.wake_follow()
+        await until(lambda: not registry.following())
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_read_that_answers_late_never_rolls_the_view_back() -> None:
+    """A read begun before a join, answering after the stream brought the join, must not
+    take the newcomer out of the view (a hand-over would then skip the newest replica)."""
+    registry = Scripted()
+    beat = beat_of(registry)
+    following = asyncio.create_task(beat.follow())
+    try:
+        await until(registry.following)
+        late = asyncio.create_task(beat.refresh(1.0))  # e.g. a beat's periodic read
+        await until(lambda: registry.reads == 1)
+        await registry.notices.put([A, B])  # the stream: B joined
+        await until(lambda: identities(beat) == {"a_1", "b_1"})
+        await registry.answers.put([A])  # the read from before the join answers now
+        assert await late
+        assert identities(beat) == {"a_1", "b_1"}
+        assert beat.current()
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_reported_change_keeps_the_view_not_current_until_a_later_read_answers() -> None:
+    """A notice asks for a read; until one begun after it answers, a hand-over reads first.
+    A read that fails leaves it so, and the next beat's read makes it current again."""
+    registry = Scripted()
+    beat = beat_of(registry)
+    following = asyncio.create_task(beat.follow())
+    try:
+        await until(registry.following)
+        await registry.notices.put(None)
+        await until(lambda: registry.reads == 1)
+        assert not beat.current()
+        await registry.answers.put(StoreUnavailable("the store is away"))
+        await asyncio.sleep(0.02)
+        assert not beat.current()
+        beating = asyncio.create_task(beat.once())
+        await until(lambda: registry.reads == 2)
+        await registry.answers.put([A, B])
+        assert await beating
+        assert beat.current()
+        assert identities(beat) == {"a_1", "b_1"}
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
