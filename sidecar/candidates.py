@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 
@@ -21,6 +22,10 @@ from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import Throttle, log
 
 logger = logging.getLogger("sidecar.candidates")
+
+# How many of its own beats a replica remembers: a leader may hand a lease over by a version
+# it read a few beats ago (a view is current for 1.5 intervals, and a stream may bring it late).
+BEATS_REMEMBERED = 8
 
 
 @dataclasses.dataclass
@@ -63,6 +68,11 @@ class CandidateView:
         if not self.me.leaving:
             alive[self.me.identity] = self.me
         return [alive[identity] for identity in sorted(alive)]
+
+    def version_of(self, identity: str) -> str | None:
+        """The version of ``identity``'s record as last seen."""
+        seen = self._seen.get(identity)
+        return seen.record.version if seen is not None else None
 
     def all(self) -> list[Candidate]:
         return [seen.record for _, seen in sorted(self._seen.items())]
@@ -127,13 +137,28 @@ class CandidateBeat:
         self._read_soon = asyncio.Event()
         self._streamed_at = float("-inf")  # when the stream last brought every record
         self._needs_changed = asyncio.Event()  # `needs_list` may have changed (`wake_follow`)
+        self._sent: dict[str, float] = {}  # our last versions, oldest first → when sent
+
+    def sent_at(self, version: str) -> float | None:
+        """When this replica sent the beat that wrote ``version`` of its record (monotonic),
+        if it was one of its last `BEATS_REMEMBERED`: a grant handed over by that version
+        counts from there (`sidecar.elector`)."""
+        return self._sent.get(version)
 
     async def once(self) -> bool:
         """One beat and (when needed) one listing. True when they answered."""
         started = self._clock.now()
+        # A version of our own, remembered with the moment before it was sent: whoever reads
+        # it (and hands us a lease by it) read it after that moment.
+        version = str(1 + secrets.randbits(62))
+        self._sent[version] = started
+        while len(self._sent) > BEATS_REMEMBERED:
+            del self._sent[next(iter(self._sent))]
         try:
             async with asyncio.timeout(self.request_timeout):
-                await self.registry.beat(self.view.me, self.lease_duration)
+                await self.registry.beat(
+                    dataclasses.replace(self.view.me, version=version), self.lease_duration
+                )
         except (StoreError, TimeoutError) as exc:
             self._count("candidate_beat", _outcome(exc), self._clock.now() - started)
             self._failed(exc)

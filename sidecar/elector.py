@@ -4,6 +4,9 @@ It imports only the backend interface. The safety rules of DESIGN.md live here a
 
 * Rule 3 — `valid_until` is the monotonic time at which the last successful acquire/renew was
   *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says.
+  A grant a hand-over wrote to us counts from when we sent the candidate beat the releasing
+  holder chose us by: that beat was read before the hand-over was written, so the moment is
+  before the write, as a renewal's sending is (`_take_handed`).
 * Rule 4 — `status()` compares the clock with `valid_until` on every call; no cached flag.
 * Rules 2, 5 and 8 — `sidecar.observed.LeaseView` decides when a follower may try to
   acquire, naming the version it watched unchanged for a lease (observed expiry, the same for
@@ -132,6 +135,7 @@ class Elector:
         stand_back: float = 0.0,
         gate: Callable[[Elector, Attempt], float] | None = None,
         acquire_slots: contextlib.AbstractAsyncContextManager[Any] | None = None,
+        beat_sent_at: Callable[[str], float | None] | None = None,
     ) -> None:
         self.store = store
         self.timing = timing
@@ -154,6 +158,10 @@ class Elector:
         # Shared by the electors of one sidecar: at most so many acquires in flight, so that
         # 1,000 leases up for grabs at start-up never queue a renewal behind them at the store.
         self._acquire_slots = acquire_slots
+        # When this replica sent the candidate beat of a version (None: not one of ours, or
+        # forgotten): what a grant handed to us by that version counts from. None: no beat,
+        # so a grant handed to us is taken back with a write, like any record in our name.
+        self._beat_sent_at = beat_sent_at
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
@@ -390,6 +398,10 @@ class Elector:
             self._observe(record)
             return self._follower_delay()
         attempt = self._view.next_attempt(sent)
+        if attempt.why == "own":
+            first_renewal = self._take_handed(sent)
+            if first_renewal is not None:
+                return first_renewal
         if sent < self._hold_off_until and attempt.why != "handed":
             # Rule 7: after a voluntary release, stand back for one lease — unless the lease
             # was handed to us by name since (a transfer back).
@@ -452,6 +464,35 @@ class Elector:
         self._become_leader(record, sent)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
+    def _take_handed(self, now: float) -> float | None:
+        """Lead on a grant a hand-over wrote in our name, without a write of our own. Its
+        lease counts from when we sent the candidate beat it names (rule 3: a moment before
+        the grant was written; the others time the grant from when they see it, later still).
+        Returns the delay until the first renewal, or None when the record must be taken like
+        any record in our name (a write under a new term): not handed by a beat we remember,
+        a term not above every term we saw before it (rule 5), or too old a beat to leave any
+        lease. A loss not yet waited out never gets here (`LeaseView.next_attempt`)."""
+        record = self._view.record
+        if (
+            record is None
+            or record.holder != self.identity
+            or record.handed is None
+            or self._beat_sent_at is None
+            or record.term <= self._view.floor
+        ):
+            return None
+        beat_sent = self._beat_sent_at(record.handed)
+        if beat_sent is None:
+            return None
+        lease = min(record.duration, self.timing.lease_duration)
+        valid_until = beat_sent + lease - self.timing.safety_margin
+        if valid_until <= now:
+            return None
+        self._become_leader(record, now, valid_until=valid_until, how="handed")
+        # Renew on our usual beat from the candidate beat, at once if that is past: the next
+        # renewal restores a full lease.
+        return max(0.0, beat_sent + self.timing.renew_interval - self._clock.now())
+
     def _loss_to_write_down(self) -> int | None:
         """The term to write down in a loss marker, if any (rule 5): following, in a loss,
         and the store shows nothing — or a marker below the highest term we saw. Without it, a
@@ -490,12 +531,19 @@ class Elector:
         return self._retry_delay() if record is None else self._follower_delay()
 
     async def release(
-        self, reason: str = "released", timeout: float | None = None, successor: str | None = None
+        self,
+        reason: str = "released",
+        timeout: float | None = None,
+        successor: str | None = None,
+        handed: str | None = None,
     ) -> bool:
         """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
         start), then release the lease at the store, conditional on holder and term, so a
         follower can take over within one round trip (rule 7); naming ``successor`` makes the
-        others stand back briefly so that one takes it. False if not leading."""
+        others stand back briefly so that one takes it. With ``handed`` too (the version of
+        the successor's candidate record it was chosen by) the release grants the lease to
+        the successor in the same write, where the store can (`LeaseStore.hand_over`): it
+        then leads as soon as it sees the write. False if not leading."""
         budget = self.timing.request_timeout if timeout is None else timeout
         try:
             # A step in flight holds the lock for at most one request: never wait longer.
@@ -506,12 +554,16 @@ class Elector:
             self._demote(reason)
             return leading
         try:
-            return await self._release_locked(reason, budget, successor)
+            return await self._release_locked(reason, budget, successor, handed)
         finally:
             self._lock.release()
 
-    async def _release_locked(self, reason: str, budget: float, successor: str | None) -> bool:
+    async def _release_locked(
+        self, reason: str, budget: float, successor: str | None, handed: str | None
+    ) -> bool:
         if self._role is not Role.LEADER:
+            if self._stopping:
+                await self._give_back_handed(budget, look=False)
             return False
         term = self._term
         self._demote(reason)
@@ -519,16 +571,32 @@ class Elector:
             # Give the others the lease instead of taking it straight back.
             self._hold_off_until = self._clock.now() + self.timing.lease_duration
             self._next_attempt = max(self._next_attempt, self._hold_off_until)
+        record: LeaseRecord | None
         try:
-            record = await self._call(
-                "release",
-                lambda: (
-                    self.store.release(self.identity, term, successor=successor)
-                    if successor is not None
-                    else self.store.release(self.identity, term)
-                ),
-                budget,
-            )
+            if successor is not None and handed is not None and self.store.hands_over:
+                to, by = successor, handed
+                record = await self._call(
+                    "hand_over",
+                    lambda: self.store.hand_over(
+                        self.identity,
+                        term,
+                        successor=to,
+                        handed=by,
+                        duration=self.timing.lease_duration,
+                        min_term=self._view.high_water,
+                    ),
+                    budget,
+                )
+            else:
+                record = await self._call(
+                    "release",
+                    lambda: (
+                        self.store.release(self.identity, term, successor=successor)
+                        if successor is not None
+                        else self.store.release(self.identity, term)
+                    ),
+                    budget,
+                )
             self._observe(record)
         except NotOwned as gone:
             self._observe(gone.record)
@@ -543,9 +611,58 @@ class Elector:
             )
         return True
 
+    async def give_back_handed(self, budget: float) -> None:
+        """Shutting down, holding nothing: read the lease, and release a grant handed to us
+        since (see `_give_back_handed`)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), budget)
+        except TimeoutError:
+            return
+        try:
+            await self._give_back_handed(budget, look=True)
+        finally:
+            self._lock.release()
+
+    async def _give_back_handed(self, budget: float, *, look: bool) -> None:
+        """Shutting down, with a grant handed to us that we never took (the leader chose us
+        a moment before it could know we were leaving): release it, so that the others may
+        take it at once rather than wait it out. ``look``: read the store first."""
+        if self._role is Role.LEADER:
+            return
+        if look:
+            try:
+                self._observe(await self._call("read", self.store.read, budget))
+            except StoreError:
+                return
+        record = self._view.record
+        if record is None or record.holder != self.identity or record.handed is None:
+            return
+        try:
+            self._observe(
+                await self._call(
+                    "release",
+                    lambda: self.store.release(self.identity, record.term),
+                    budget,
+                )
+            )
+        except NotOwned as gone:
+            self._observe(gone.record)
+        except StoreError:
+            return
+        log(logger, "info", "released a grant handed over while shutting down", lease=self.lease)
+
     # -- state changes ------------------------------------------------------------------
 
-    def _become_leader(self, record: LeaseRecord, sent: float) -> None:
+    def _become_leader(
+        self,
+        record: LeaseRecord,
+        sent: float,
+        *,
+        valid_until: float | None = None,
+        how: str = "acquired",
+    ) -> None:
+        """``sent``: when our grant's request was sent (a handed grant: when we took it,
+        for the renewal gaps; its deadline comes as ``valid_until``)."""
         previous = self._last_other_holder
         self._term = record.term
         self._last_renewal_sent = sent
@@ -556,7 +673,9 @@ class Elector:
         # Last: the listeners' thread reads `status()` without a lock, so "leader" turns true
         # only once every other field is this reign's (a torn read once answered "leader" with
         # the follower period's `since`; the sharded chaos run, seed 3303, saw it).
-        self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
+        if valid_until is None:
+            valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
+        self._valid_until = valid_until
         self.metrics.transition(Role.LEADER.value)
         log(
             logger,
@@ -566,6 +685,7 @@ class Elector:
             identity=self.identity,
             term=record.term,
             previous_holder=previous,
+            how=how,
         )
         self._notify(Transition(Role.LEADER, "acquired", self.status(), previous))
 

@@ -31,6 +31,9 @@ from sidecar.observed import Attempt
 logger = logging.getLogger("sidecar.leases")
 
 HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move together
+# How long a replica that holds nothing looks out, on shutdown, for a hand-over to it that a
+# leader decided before it heard this replica was leaving.
+LATE_HAND_OVER = 0.05
 ROLLOUT_QUIET = 4  # leases a mix of revisions must stand still before it balances as one
 ACQUIRE_CONCURRENCY = 8  # acquires in flight at once: renewals never queue behind hundreds
 
@@ -137,6 +140,7 @@ class LeaseSet:
                 stand_back=stand_back,
                 gate=lease_set._gate,
                 acquire_slots=slots,
+                beat_sent_at=lease_set._beat_sent_at,
             )
             electors[shown].on_change(lease_set._note_change)
         lease_set.beat = CandidateBeat(
@@ -384,12 +388,26 @@ class LeaseSet:
         async def one(name: str) -> bool:
             async with limit:
                 timeout = None if deadline is None else max(0.05, deadline - loop.time() - 0.1)
+                successor = successors.get(name)
                 return await self.electors[name].release(
-                    reason, timeout=timeout, successor=successors.get(name)
+                    reason,
+                    timeout=timeout,
+                    successor=successor,
+                    handed=self._handed_version(successor),
                 )
 
         results = await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
         return [name for name, result in zip(names, results, strict=True) if result is True]
+
+    def _handed_version(self, successor: str | None) -> str | None:
+        """The version of ``successor``'s candidate record this replica chose it by: with it
+        the release grants the lease to the successor in the same write (a hand-over)."""
+        if successor is None or self.beat is None:
+            return None
+        return self.beat.view.version_of(successor)
+
+    def _beat_sent_at(self, version: str) -> float | None:
+        return self.beat.sent_at(version) if self.beat is not None else None
 
     # -- moved on purpose -----------------------------------------------------------------
 
@@ -467,8 +485,10 @@ class LeaseSet:
         newer revision in a rolling update), and remove its candidate record."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        await self._fresh_candidates(min(0.25, budget / 4))
-        successors = self._successors(self.held())
+        held = self.held()
+        if held:  # (nothing to choose a successor for otherwise)
+            await self._fresh_candidates(min(0.25, budget / 4))
+        successors = self._successors(held)
         if successors:
             log(
                 logger,
@@ -494,6 +514,12 @@ class LeaseSet:
         if self.beat is not None and not removal:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
         await asyncio.gather(*removal, return_exceptions=True)
+        if not held and len(self.electors) == 1 and self.primary.store.hands_over:
+            # A leader that chose this replica a moment before it could know it was leaving
+            # (the removal above tells it) may still hand it the lease. Look once, a little
+            # later, and release what was handed: free at once instead of waited out.
+            await asyncio.sleep(max(0.0, min(LATE_HAND_OVER, deadline - loop.time() - 0.1)))
+            await self.primary.give_back_handed(max(0.01, deadline - loop.time()))
         return bool(released)
 
     def _successors(self, leases: list[str]) -> dict[str, str]:

@@ -70,6 +70,7 @@ class LeaseView:
         self.record: LeaseRecord | None = None
         self.seen_anything = False
         self.high_water = 0  # the highest term ever seen (rule 5)
+        self.floor = 0  # the highest term seen before the record held now was first seen
         self._key: str | None = None  # version (or ABSENT) of the record being timed
         self._since = 0.0  # when that version was first seen
         self._longest = lease_duration  # the longest lease any record declared
@@ -103,6 +104,7 @@ class LeaseView:
         if changed:
             self._key = key
             self._since = at
+            self.floor = self.high_water
         if record is not None:
             self.high_water = max(self.high_water, record.term)
             self._longest = max(self._longest, record.duration)

@@ -25,6 +25,14 @@ information for humans; they never grant.
   ``release`` may name a ``successor`` identity: the released record carries it, so the others
   stand back briefly and the named replica takes over (a transfer). The successor is a
   preference for liveness only; the record is free for everyone (rule 2).
+* ``hand_over`` is a release that grants in the same write: while ``identity`` still holds
+  the lease with ``term``, the lease goes to ``successor`` with ``term = max(stored term,
+  min_term) + 1`` (rules 1 and 5), and the record carries ``handed``: the version of the
+  successor's candidate record the releasing holder chose it by. The successor leads without
+  a write of its own, counting its lease from when it sent that candidate record (which was
+  before this write, so it stops before anyone may take the lease: `sidecar.elector`). Its
+  first renewal clears ``handed``. A store that cannot make the successor sure the write
+  holds (Redis with ``WAIT``) says so in ``hands_over`` and is released to instead.
 * ``mark_lost`` writes down a loss a follower saw (the store holds no record at all, where
   it had shown a term): a *loss marker* with no holder, not released, carrying the highest
   term the follower saw. Every replica waits it out as a loss and jumps its next grant above
@@ -78,6 +86,10 @@ class LeaseRecord:
     """Set only on a released record: the identity the releasing holder handed the lease to
     (a transfer, a rolling update). Others stand back briefly so that one wins the race; it is
     never a reason to refuse anyone a grant (the record is free)."""
+
+    handed: str | None = None
+    """Set only on a grant a hand-over wrote, until its holder renews: the version of the
+    holder's candidate record that the releasing holder handed it the lease by."""
 
     acquired_at: datetime | None = None
     """Wall-clock time of the grant, for humans only."""
@@ -176,6 +188,26 @@ class LeaseStore(Protocol):
         `NotOwned`, `Conflict` or `StoreUnavailable`."""
         ...
 
+    @property
+    def hands_over(self) -> bool:
+        """Whether `hand_over` may be used (see the module docstring)."""
+        ...
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        """Grant the lease to ``successor`` (lease ``duration``, ``term = max(stored term,
+        min_term) + 1``, the record carrying ``handed``) if ``identity`` still holds it with
+        ``term``. Raises `NotOwned`, `Conflict` or `StoreUnavailable`."""
+        ...
+
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         """Write a loss marker of ``term`` (lease ``duration``) if the store holds no record at
         all, or a marker of a lower term; otherwise write nothing. Returns what the store
@@ -207,6 +239,9 @@ class Candidate:
 
     identity: str
     version: str
+    """New on every beat. The replica makes it (a decimal number, so that every store keeps
+    it as it is) and remembers when it sent it: a hand-over names the version it chose the
+    successor by, and the successor counts its lease from that beat."""
     revision: str = ""
     """The replica's revision (Kubernetes: the pod-template-hash label); "" when unknown."""
     priority: int = 0
@@ -224,8 +259,9 @@ class CandidateRegistry(Protocol):
     """The candidates of one group of leases (one sidecar's set), in one store."""
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
-        """Write ``candidate`` (its identity's record only) with a new version. ``duration``
-        is the lease: the store may garbage-collect records not written for many of them.
+        """Write ``candidate`` (its identity's record only) with its version, exactly as
+        given (a store makes one only when it is empty). ``duration`` is the lease: the store
+        may garbage-collect records not written for many of them.
         Raises `StoreUnavailable`."""
         ...
 

@@ -29,6 +29,7 @@ class _Row:
     acquired_at: object
     renewed_at: object
     successor: str | None = None
+    handed: str | None = None
 
 
 class MemoryLeaseState:
@@ -68,6 +69,7 @@ class MemoryLeaseState:
             version=row.version,
             released=row.released,
             successor=row.successor,
+            handed=row.handed,
             acquired_at=row.acquired_at,  # type: ignore[arg-type]
             renewed_at=row.renewed_at,  # type: ignore[arg-type]
         )
@@ -127,6 +129,7 @@ class MemoryLeaseStore:
         row.duration = duration
         row.renewed_at = wall
         row.version = state.next_version()
+        row.handed = None
         return self._changed()
 
     async def release(
@@ -139,6 +142,37 @@ class MemoryLeaseStore:
         row.released = True
         row.successor = successor
         row.version = self.state.next_version()
+        return self._changed()
+
+    @property
+    def hands_over(self) -> bool:
+        return True
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        state = self.state
+        row = state.row
+        if row is None or row.holder != identity or row.term != term:
+            raise NotOwned(f"not held by {identity} with term {term}", state.record())
+        wall = state.clock.wall()
+        state.row = _Row(
+            holder=successor,
+            term=max(row.term, min_term) + 1,
+            duration=duration,
+            version=state.next_version(),
+            released=False,
+            acquired_at=wall,
+            renewed_at=wall,
+            handed=handed,
+        )
         return self._changed()
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
@@ -188,8 +222,9 @@ class MemoryCandidates:
     async def beat(self, candidate: Candidate, duration: float) -> None:
         records = self.server.groups.setdefault(self.group, {})
         old = records.get(candidate.identity)
+        version = candidate.version or self.server.next_beat()
         records[candidate.identity] = dataclasses.replace(
-            candidate, version=self.server.next_beat(), beat_at=self.server.clock.wall()
+            candidate, version=version, beat_at=self.server.clock.wall()
         )
         if old is None or _announced(old) != _announced(candidate):
             self._announce()

@@ -201,6 +201,18 @@ async def test_the_charts_role_is_enough_for_election_hand_off_labels_and_events
                 f"{first.identity})",
             )
             await eventually(lambda: set(wanted) <= set(event_messages(fake, chart)))
+            # The hand-over granted the successor in its own write (a PATCH). A plain release
+            # (POST /leader/release) lets the third replica take the lease with a grant of its
+            # own: a PUT, which the Role must allow too.
+            third = next(p for p in procs if p.name not in (first.name, successor.name))
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    by_name(procs, successor.name).leader_url + "/release", json={}
+                ) as answer,
+            ):
+                assert answer.status == 200
+            await observer.wait_for(lambda s: s.name == third.name and s.leader, timeout=10)
         requests = await asyncio.to_thread(fake.requests)
 
     sidecars = [r for r in requests if r["user_agent"] == "leader-sidecar"]

@@ -7,7 +7,9 @@ import asyncio
 import time
 from datetime import UTC, datetime
 
-from sidecar.backends.base import Candidate, LeaseHeld
+import pytest
+
+from sidecar.backends.base import Candidate, LeaseHeld, NotOwned
 from tests.contract.harness import StoreHarness
 from tests.contract.test_contract import LEASE, take, watching
 
@@ -43,6 +45,75 @@ async def test_a_plain_release_names_no_successor(harness: StoreHarness) -> None
     assert released is not None
     assert released.free
     assert released.successor is None
+
+
+async def test_a_hand_over_grants_the_successor_in_the_same_write(harness: StoreHarness) -> None:
+    """One conditional write: the successor holds the lease with the next term (above the
+    caller's floor too), the record names the candidate version it was chosen by, and the
+    others see it on their watch like any grant."""
+    a, b, c = harness.new_store(), harness.new_store(), harness.new_store()
+    if not a.hands_over:
+        pytest.skip(f"{a.description} does not hand over")
+    granted = await take(a, "a_1")
+    async with watching(c) as seen:
+        await asyncio.wait_for(seen.get(), timeout=5.0)
+        handed = await a.hand_over(
+            "a_1", granted.term, successor="b_1", handed="4711", duration=LEASE, min_term=0
+        )
+        assert (handed.holder, handed.term, handed.handed) == ("b_1", granted.term + 1, "4711")
+        assert not handed.released
+        assert handed.successor is None
+        while True:
+            record = await asyncio.wait_for(seen.get(), timeout=1.0)
+            if record is not None and record.holder == "b_1":
+                assert (record.term, record.handed) == (granted.term + 1, "4711")
+                break
+    # The old holder's grant is gone: its renewal and release change nothing.
+    with pytest.raises(NotOwned):
+        await a.renew("a_1", granted.term, LEASE)
+    with pytest.raises(NotOwned):
+        await a.release("a_1", granted.term)
+    # The successor renews its grant; the first renewal ends the hand-over.
+    renewed = await b.renew("b_1", handed.term, LEASE)
+    assert (renewed.holder, renewed.term, renewed.handed) == ("b_1", handed.term, None)
+    read = await c.read()
+    assert read is not None
+    assert read.handed is None
+    # Above the caller's floor, and the store's term is raised with it.
+    again = await b.hand_over(
+        "b_1", handed.term, successor="c_1", handed="4712", duration=LEASE, min_term=50
+    )
+    assert again.term == 51
+    await c.read()  # (as its watch would have shown it)
+    released = await c.release("c_1", again.term)
+    assert released is not None
+    taken = await take(a, "a_1")
+    assert taken.term == 52
+
+
+async def test_a_hand_over_by_anyone_but_the_holder_changes_nothing(
+    harness: StoreHarness,
+) -> None:
+    a, b = harness.new_store(), harness.new_store()
+    if not a.hands_over:
+        pytest.skip(f"{a.description} does not hand over")
+    granted = await take(a, "a_1")
+    for identity, term in (("b_1", granted.term), ("a_1", granted.term - 1)):
+        with pytest.raises(NotOwned) as refused:
+            await b.hand_over(
+                identity, term, successor="b_1", handed="1", duration=LEASE, min_term=0
+            )
+        assert refused.value.record is not None
+        assert refused.value.record.holder == "a_1"
+    read = await b.read()
+    assert read is not None
+    assert (read.holder, read.term, read.handed) == ("a_1", granted.term, None)
+    # A released lease is no one's to hand over either.
+    await a.release("a_1", granted.term)
+    with pytest.raises(NotOwned):
+        await a.hand_over(
+            "a_1", granted.term, successor="b_1", handed="1", duration=LEASE, min_term=0
+        )
 
 
 async def test_leases_of_one_client_are_independent(harness: StoreHarness) -> None:
@@ -122,6 +193,10 @@ async def test_candidates_beat_list_and_leave(harness: StoreHarness) -> None:
     again = {c.identity: c for c in await theirs.list()}["a_1"]
     assert again.version != a.version
     assert again.leaving
+    # A version the replica made is kept exactly as given: a hand-over names it back.
+    await mine.beat(Candidate("a_1", "4611686018427387905", "rev-a", 3, True, started), LEASE)
+    named = {c.identity: c for c in await theirs.list()}["a_1"]
+    assert named.version == "4611686018427387905"
     # Another group is another registry.
     assert await other.candidates(f"{harness.lease_name}-elsewhere").list() == []
     await mine.leave("a_1")

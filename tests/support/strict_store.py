@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from sidecar.backends.base import LeaseRecord, StoreError
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 
-OPS = ("read", "acquire", "renew", "release", "mark_lost")
+OPS = ("read", "acquire", "renew", "release", "hand_over", "mark_lost")
 
 
 class StrictStore(MemoryLeaseStore):
@@ -22,6 +22,11 @@ class StrictStore(MemoryLeaseStore):
         # Runs once the store has done the work, before the answer reaches the caller:
         # a slow answer, or a look at the caller's state while its request is in flight.
         self.during: dict[str, Callable[[], None]] = {}
+        self.hands_over_here = True  # False: a store that cannot hand over
+
+    @property
+    def hands_over(self) -> bool:
+        return self.hands_over_here
 
     def fail_next(self, op: str, error: StoreError, times: int = 1) -> None:
         self.failures[op].extend([error] * times)
@@ -64,10 +69,29 @@ class StrictStore(MemoryLeaseStore):
         self._answer("renew")
         return answer
 
-    async def release(self, identity: str, term: int) -> LeaseRecord | None:
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
         self._enter("release")
-        answer = await super().release(identity, term)
+        answer = await super().release(identity, term, successor=successor)
         self._answer("release")
+        return answer
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        self._enter("hand_over")
+        answer = await super().hand_over(
+            identity, term, successor=successor, handed=handed, duration=duration, min_term=min_term
+        )
+        self._answer("hand_over")
         return answer
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:

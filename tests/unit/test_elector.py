@@ -32,7 +32,10 @@ class World:
         self.state = MemoryLeaseState(self.clock)
         self.stores: list[StrictStore] = []
 
-    def elector(self, name: str, allowed: set[str] | None = None) -> Elector:
+    def elector(
+        self, name: str, allowed: set[str] | None = None, beats: dict[str, float] | None = None
+    ) -> Elector:
+        """``beats``: the candidate versions this replica sent, and when (monotonic)."""
         store = StrictStore(self.state, allowed)
         self.stores.append(store)
         registry = CollectorRegistry()
@@ -44,6 +47,7 @@ class World:
             metrics=Metrics(registry, "unit", TIMING.lease_duration),
             clock=self.clock,
             rng=random.Random(7),
+            beat_sent_at=beats.get if beats is not None else None,
         )
 
     def steal(self, holder: str) -> None:
@@ -629,6 +633,125 @@ async def test_release_when_not_leading_does_nothing(world: World) -> None:
     a = world.elector("a", allowed={"acquire"})
     assert not await a.release()
     assert store_of(a).calls == {}
+
+
+# -- hand-over: a release that grants the successor in the same write ---------------------
+
+
+async def test_a_successor_leads_on_a_handed_grant_from_the_beat_it_was_chosen_by(
+    world: World,
+) -> None:
+    """No write of its own: the grant counts from when the successor sent the candidate
+    beat the leader chose it by (before the hand-over was written, rule 3), not from when
+    it saw the grant. Its first renewal then gives it a full lease again."""
+    a = world.elector("a")
+    beats = {"7": world.clock.now()}
+    b = world.elector("b", allowed={"renew"}, beats=beats)
+    await a.step()
+    world.clock.advance(2.0)  # the beat was sent 2 s before the hand-over
+    assert await a.release(successor="b_0000", handed="7")
+    assert store_of(a).calls["hand_over"] == 1
+    assert store_of(a).calls["release"] == 0
+    world.clock.advance(0.5)  # ... and seen half a second after it
+    b.on_watch(world.state.record())
+    delay = await b.step()
+    status = b.status()
+    assert status.leader
+    assert (status.holder, status.term) == ("b_0000", 2)
+    assert status.valid_for == pytest.approx(TIMING.lease_duration - MARGIN - 2.5)
+    assert store_of(b).calls == {}
+    assert delay == pytest.approx(TIMING.renew_interval - 2.5)  # on the beat's schedule
+    world.clock.advance(delay)
+    await b.step()
+    assert b.status().valid_for == pytest.approx(TIMING.lease_duration - MARGIN)
+    assert store_of(b).calls == {"renew": 1}
+    record = world.state.record()
+    assert record is not None
+    assert record.handed is None  # the renewal ended the hand-over
+
+
+async def test_a_grant_handed_by_a_beat_it_does_not_know_is_taken_with_a_write(
+    world: World,
+) -> None:
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire"}, beats={"7": world.clock.now()})
+    await a.step()
+    await a.release(successor="b_0000", handed="8")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 3  # its own grant, above the handed one
+    assert store_of(b).calls == {"acquire": 1}
+
+
+async def test_a_handed_grant_whose_beat_leaves_no_lease_is_taken_with_a_write(
+    world: World,
+) -> None:
+    """Rule 3: a beat more than a lease (less the margin) before now leaves nothing."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire"}, beats={"7": world.clock.now()})
+    await a.step()
+    for _ in range(3):  # a renews on its schedule, past the beat's lease
+        world.clock.advance(TIMING.renew_interval)
+        await a.step()
+    assert a.status().leader
+    await a.release(successor="b_0000", handed="7")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().term == 3
+    assert b.status().valid_for == pytest.approx(TIMING.lease_duration - MARGIN)
+    assert store_of(b).calls == {"acquire": 1}
+
+
+async def test_a_handed_term_the_successor_saw_before_is_not_led_on(world: World) -> None:
+    """Rule 5: the successor saw a grant of term 2 (to another, which the store then
+    forgot); the leader, which never saw it, hands over with term 2 again. Leading on it
+    would put two identities under one term: the successor writes a grant of its own."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire", "read"}, beats={"7": world.clock.now()})
+    await a.step()
+    row = world.state.row
+    assert row is not None
+    kept = dataclasses.replace(row)
+    world.steal("y_0000")  # term 2, seen by b only
+    b.on_watch(world.state.record())
+    world.state.row = dataclasses.replace(kept, version=world.state.next_version())
+    b.on_watch(world.state.record())  # the store went back to a's grant: a loss to b
+    await a.release(successor="b_0000", handed="7")
+    handed = world.state.record()
+    assert handed is not None
+    assert (handed.holder, handed.term) == ("b_0000", 2)
+    b.on_watch(handed)
+    await b.step()
+    assert b.status().leader
+    assert b.status().term > 2
+    assert store_of(b).calls["acquire"] == 1
+
+
+async def test_a_leader_hands_over_only_where_the_store_can(world: World) -> None:
+    a = world.elector("a", allowed={"acquire", "release"})
+    store_of(a).hands_over_here = False
+    await a.step()
+    await a.release(successor="b_0000", handed="7")
+    record = world.state.record()
+    assert record is not None
+    assert (record.free, record.successor) == (True, "b_0000")
+
+
+async def test_a_replica_shutting_down_gives_back_a_grant_handed_to_it(world: World) -> None:
+    """The leader chose it a moment before it could know this replica was leaving: released
+    at once, so the others need not wait it out."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"release"}, beats={"7": world.clock.now()})
+    await a.step()
+    await a.release(successor="b_0000", handed="7")
+    b.on_watch(world.state.record())
+    b.stop()
+    assert not await b.release("shutdown")
+    record = world.state.record()
+    assert record is not None
+    assert record.free
+    assert store_of(b).calls == {"release": 1}
 
 
 # -- the watch ---------------------------------------------------------------------------------

@@ -326,6 +326,7 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
 
     old_a.beat.registry.list = counted  # type: ignore[method-assign]
     caplog.set_level("INFO", logger="sidecar.leases")
+    caplog.set_level("INFO", logger="sidecar.elector")
     await cluster.stop("old-a")
     named = [
         r.sidecar_fields["to"]  # type: ignore[attr-defined]
@@ -336,6 +337,45 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
     assert reads == (0 if follows else 1)
     await cluster.until(lambda: cluster.held().get("new-a") == 1, 1, "new-a leads")
     assert cluster.held()["old-b"] == 0
+    assert cluster.violations == []
+    # One write: the hand-over granted new-a, which led on it without a write of its own.
+    took = [
+        r.sidecar_fields["how"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() == "became leader" and r.sidecar_fields["identity"] == "new-a_0000"  # type: ignore[attr-defined]
+    ]
+    assert took == ["handed"]
+
+
+async def test_a_replica_that_leaves_gives_back_a_lease_handed_to_it_too_late(
+    cluster_of,
+) -> None:
+    """Scaled down together: the leader hands the lease to a replica that is shutting down,
+    having decided before it heard the replica leave. The replica looks once more before it
+    exits and releases the grant, so the third replica takes the lease at once rather than
+    waiting out a lease nobody holds."""
+    cluster = cluster_of(1)
+    a = await cluster.start("a")
+    await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
+    b = await cluster.start("b")
+    await cluster.start("c")
+    await cluster.until(lambda: len(a.candidates()) == 3, 2, "a sees three candidates")
+    assert a.beat is not None
+    chosen_by = a.beat.view.version_of("b_0000")
+    assert chosen_by is not None
+    b.stop()
+    leaving = asyncio.create_task(b.shutdown("shutdown", 0.5))
+    await asyncio.sleep(0.01)  # b's record is gone; b is still looking out
+    assert not leaving.done()
+    assert await a.primary.release("released", successor="b_0000", handed=chosen_by)
+    await leaving
+    await asyncio.gather(cluster.tasks.pop("b"), return_exceptions=True)
+    del cluster.sets["b"]
+    record = cluster.server.state("jobs-0").record()
+    assert record is not None
+    assert record.holder != "b_0000"
+    waited = await cluster.until(lambda: cluster.held().get("c") == 1, 0.5, "c leads")
+    assert waited < TIMING.lease_duration / 2
     assert cluster.violations == []
 
 

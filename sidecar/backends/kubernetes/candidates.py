@@ -140,7 +140,7 @@ class KubernetesCandidates:
     async def beat(self, candidate: Candidate, duration: float) -> None:
         """Write our own key only; create the Lease if the group has none yet."""
         beat_at = self._clock.wall()
-        value = encode(candidate, secrets.token_hex(8), beat_at)
+        value = encode(candidate, candidate.version or secrets.token_hex(8), beat_at)
         annotations = {annotation_key(candidate.identity): value}
         try:
             await self._merge("beat candidate", {"metadata": {"annotations": annotations}})

@@ -20,6 +20,9 @@ A release may name a successor: the annotation ``leader-sidecar.io/successor`` o
 Lease (an annotation, because older clients' models dropped spec fields they did not know, and
 ``spec.preferredHolder`` belongs to Coordinated Leader Election: dropped by API servers without
 that feature gate, and read by its controller where it is on). A grant clears it.
+A hand-over (a release that grants the successor in the same write) writes the successor as
+holder, the next term, and the annotation ``leader-sidecar.io/handed`` (the successor's
+candidate version it was chosen by); the successor's first renewal clears it.
 
 A store that knows its group (`KubernetesStoreClient.lease`) labels the Lease it writes
 ``leader-sidecar/group=<group>``, so one namespace watch by that label can serve many Leases
@@ -85,6 +88,7 @@ Lease = dict[str, Any]
 """A Lease as the API server sends it: plain JSON (``metadata``, ``spec``)."""
 
 SUCCESSOR_ANNOTATION = "leader-sidecar.io/successor"
+HANDED_ANNOTATION = "leader-sidecar.io/handed"
 GROUP_LABEL = "leader-sidecar/group"
 
 
@@ -196,6 +200,7 @@ class KubernetesLeaseStore:
             version=_version(lease),
             released=stored is None,  # an empty holderIdentity: released (or never held)
             successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if stored is None else None,
+            handed=(annotations.get(HANDED_ANNOTATION) or None) if holder is not None else None,
             acquired_at=parse_time(spec.get("acquireTime")),
             renewed_at=parse_time(spec.get("renewTime")),
         )
@@ -346,6 +351,7 @@ class KubernetesLeaseStore:
         labels = {**(metadata.get("labels") or {}), **self.labels}
         annotations = dict(metadata.get("annotations") or {})
         annotations.pop(SUCCESSOR_ANNOTATION, None)
+        annotations.pop(HANDED_ANNOTATION, None)
         for key, value in (("labels", labels), ("annotations", annotations)):
             if value:
                 metadata[key] = value
@@ -402,9 +408,11 @@ class KubernetesLeaseStore:
                 f"held by {record.holder} with term {record.term}, not {identity} with {term}",
                 record,
             )
+        # The first renewal after a hand-over ends it.
+        ended = {HANDED_ANNOTATION: None} if record.handed is not None else None
         try:
             written = await self._patch(
-                "renew lease", lease, self._spec(identity, duration, term, acquired=False)
+                "renew lease", lease, self._spec(identity, duration, term, acquired=False), ended
             )
         except CallError as error:
             if error.status == 404:  # deleted since we last saw it
@@ -486,6 +494,35 @@ class KubernetesLeaseStore:
         except CallError as error:
             raise await self._after_failed_write(error, identity, term) from None
         return self._observe(written)
+
+    @property
+    def hands_over(self) -> bool:
+        return True
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        lease = await self._owned(identity, term)
+        new_term = max(term, min_term) + 1
+        try:
+            written = await self._patch(
+                "hand over lease",
+                lease,
+                self._spec(successor, duration, new_term, acquired=True),
+                {SUCCESSOR_ANNOTATION: None, HANDED_ANNOTATION: handed},
+            )
+        except CallError as error:
+            raise await self._after_failed_write(error, identity, term) from None
+        record = self._observe(written)
+        assert record is not None
+        return record
 
     # -- the watch --------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ class RedisCandidates:
         now_ms = ms(wall.timestamp())
         value = json.dumps(
             {
-                "version": new_version(),
+                "version": candidate.version or new_version(),
                 "revision": candidate.revision,
                 "priority": candidate.priority,
                 "leaving": candidate.leaving,

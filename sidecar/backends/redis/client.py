@@ -25,6 +25,7 @@ from sidecar.backends.redis.hub import ChannelHub
 from sidecar.backends.redis.scripts import (
     ACQUIRE,
     BEAT,
+    HAND_OVER,
     LEAVE,
     MARK_LOST,
     READ,
@@ -91,6 +92,7 @@ class RedisStoreClient:
         self.acquire_script = self.redis.register_script(ACQUIRE)
         self.renew_script = self.redis.register_script(RENEW)
         self.release_script = self.redis.register_script(RELEASE)
+        self.hand_over_script = self.redis.register_script(HAND_OVER)
         self.read_script = self.redis.register_script(READ)
         self.mark_lost_script = self.redis.register_script(MARK_LOST)
         self.beat_script = self.redis.register_script(BEAT)

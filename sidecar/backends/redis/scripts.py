@@ -109,6 +109,7 @@ if current then
     held.duration_ms = tonumber(ARGV[3])
     held.renewed_at = ARGV[4]
     held.version = ARGV[6]
+    held.handed = nil
     value = cjson.encode(held)
   elseif held.term >= term then
     return {0, current, counter}
@@ -127,6 +128,38 @@ end
 redis.call('SET', KEYS[1], value, 'PX', ARGV[7])
 redis.call('PUBLISH', ARGV[5], value)
 return {1, value, counter}
+"""
+
+# Hand over: a release that grants the lease to the successor in the same write.
+# KEYS[1] holder key, KEYS[2] term counter.
+# ARGV[1] identity, ARGV[2] term, ARGV[3] the successor, ARGV[4] lease in ms, ARGV[5] min_term
+# (the releasing holder's floor), ARGV[6] wall time, ARGV[7] event channel, ARGV[8] the new
+# version, ARGV[9] the key's GC TTL in ms, ARGV[10] the successor's candidate version the
+# holder chose it by (`handed`; the successor's first renewal clears it).
+# Only while the key holds this identity AND this term; the new term is max(counter, held
+# term, min_term) + 1, as in a grant. Publishes the new value: the successor leads on it.
+# Returns {1, new value, term} or {0, current value | nil, counter | nil}.
+HAND_OVER = """
+local current = redis.call('GET', KEYS[1])
+local counter = redis.call('GET', KEYS[2])
+if current then
+  local held = cjson.decode(current)
+  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+    local term = tonumber(counter or '0')
+    if held.term > term then term = held.term end
+    if tonumber(ARGV[5]) > term then term = tonumber(ARGV[5]) end
+    term = term + 1
+    local counted = string.format('%d', term)
+    redis.call('SET', KEYS[2], counted)
+    local value = cjson.encode({holder = ARGV[3], term = term, duration_ms = tonumber(ARGV[4]),
+                                version = ARGV[8], acquired_at = ARGV[6], renewed_at = ARGV[6],
+                                handed = ARGV[10]})
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[9])
+    redis.call('PUBLISH', ARGV[7], value)
+    return {1, value, counted}
+  end
+end
+return {0, current, counter}
 """
 
 # Release.
@@ -281,6 +314,7 @@ def value_record(payload: str) -> LeaseRecord:
     released = bool(data.get("released"))
     holder = data.get("holder")
     successor = data.get("successor") if released else None
+    handed = None if released else data.get("handed")
     return LeaseRecord(
         holder=None if released or holder is None else str(holder),
         term=int(data["term"]),
@@ -288,6 +322,7 @@ def value_record(payload: str) -> LeaseRecord:
         version=_lua_tostring(data.get("version")),
         released=released,
         successor=None if successor is None else str(successor),
+        handed=None if handed is None else str(handed),
         acquired_at=wall_time(data.get("acquired_at")),
         renewed_at=wall_time(data.get("renewed_at")),
     )

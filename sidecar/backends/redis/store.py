@@ -138,6 +138,42 @@ class RedisLease:
 
         return await self.client.guarded(work, self._holder_key)
 
+    @property
+    def hands_over(self) -> bool:
+        """Not with ``WAIT`` (a write counts only once replicas acknowledged it, which the
+        successor, leading on the published write, cannot know), nor through Sentinels (a
+        write to a master that was just switched away is published to the successor, and
+        only the writer's client would notice the switch)."""
+        return not self.client.min_replicas and not self.client.target.sentinel
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        client = self.client
+        wall = client.clock.wall().isoformat()
+
+        async def work() -> LeaseRecord:
+            async with client.borrowed() as conn:
+                args: list[str | int] = [
+                    identity, term, successor, ms(duration), min_term, wall, self._channel,
+                    new_version(), self._gc_ms(duration), handed,
+                ]  # fmt: skip
+                reply = await client.hand_over_script(keys=self._keys(), args=args, client=conn)
+                record = self._reply(reply)
+                if not granted(reply):
+                    raise NotOwned(f"not held by {identity} with term {term}", record)
+                assert record is not None
+                return record
+
+        return await client.guarded(work, self._holder_key)
+
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         async def work() -> LeaseRecord | None:
             async with self.client.borrowed() as conn:

@@ -33,6 +33,8 @@ class SQLiteCandidates:
         params: dict[str, Any] = {
             "group": self.group,
             "identity": candidate.identity,
+            # The replica's own version when it is a number (it always is: see `Candidate`).
+            "version": int(candidate.version) if candidate.version.isdigit() else None,
             "revision": candidate.revision,
             "priority": candidate.priority,
             "leaving": int(candidate.leaving),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.backends.base import LOST_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.backends.sqlite.schema import (
     ACQUIRE,
+    HAND_OVER,
     MARK_LOST,
     READ,
     RELEASE,
@@ -125,6 +126,41 @@ class SQLiteLease:
             return lease_record(written), lease_record(current)
 
         written, current = await self.client.connection.run(release, writes=True, urgent=True)
+        if written is None:
+            raise NotOwned(f"not held by {identity} with term {term}", current)
+        return written
+
+    @property
+    def hands_over(self) -> bool:
+        return True
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        params = self._params(
+            holder=identity,
+            term=term,
+            successor=successor,
+            handed=handed,
+            duration=duration,
+            min_term=min_term,
+            wall=self._wall(),
+        )
+
+        def hand_over(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
+            with transaction(conn):
+                written = conn.execute(HAND_OVER, params).fetchone()
+                current = None if written else conn.execute(READ, params).fetchone()
+            return lease_record(written), lease_record(current)
+
+        written, current = await self.client.connection.run(hand_over, writes=True, urgent=True)
         if written is None:
             raise NotOwned(f"not held by {identity} with term {term}", current)
         return written

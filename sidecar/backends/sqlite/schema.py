@@ -23,12 +23,14 @@ CREATE TABLE IF NOT EXISTS leases (
     version     INTEGER NOT NULL,
     acquired_at TEXT,              -- wall clock, for humans
     renewed_at  TEXT,
-    successor   TEXT               -- named by a release; meaningful only while released
+    successor   TEXT,              -- named by a release; meaningful only while released
+    handed      TEXT               -- set by a hand-over until the holder renews
 )
 """
 
 # Files written before issue 11 lack the column: added in place, rows and terms kept.
 ADD_SUCCESSOR = "ALTER TABLE leases ADD COLUMN successor TEXT"
+ADD_HANDED = "ALTER TABLE leases ADD COLUMN handed TEXT"
 
 CANDIDATES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS candidates (
@@ -44,7 +46,7 @@ CREATE TABLE IF NOT EXISTS candidates (
 )
 """
 
-COLUMNS = "holder, term, duration, version, acquired_at, renewed_at, successor"
+COLUMNS = "holder, term, duration, version, acquired_at, renewed_at, successor, handed"
 
 # A new version on every write: random, so a version never comes back even after the row was
 # deleted and written again (an increment would restart at 1).
@@ -66,7 +68,8 @@ ON CONFLICT (name) DO UPDATE SET
     version = excluded.version,
     acquired_at = excluded.acquired_at,
     renewed_at = excluded.renewed_at,
-    successor = NULL
+    successor = NULL,
+    handed = NULL
 WHERE leases.version = :expected
 RETURNING {COLUMNS}
 """
@@ -75,7 +78,7 @@ RETURNING {COLUMNS}
 RENEW = f"""
 UPDATE leases
 SET expires_at = boottime() + :duration, duration = :duration, version = {NEW_VERSION},
-    boot_id = :boot_id, renewed_at = :wall
+    boot_id = :boot_id, renewed_at = :wall, handed = NULL
 WHERE name = :name AND holder = :holder AND term = :term
 RETURNING {COLUMNS}
 """
@@ -84,9 +87,9 @@ RETURNING {COLUMNS}
 # back. Only ever run after reading, under the same write lock, that this is the case.
 RESTORE = f"""
 INSERT OR REPLACE INTO leases (name, holder, term, duration, expires_at, boot_id, version,
-                               acquired_at, renewed_at, successor)
+                               acquired_at, renewed_at, successor, handed)
 VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id, {NEW_VERSION},
-        :wall, :wall, NULL)
+        :wall, :wall, NULL, NULL)
 RETURNING {COLUMNS}
 """
 
@@ -109,7 +112,19 @@ RETURNING {COLUMNS}
 # is only ever written here, so it always means "released".
 RELEASE = f"""
 UPDATE leases
-SET holder = NULL, expires_at = 0, version = {NEW_VERSION}, successor = :successor
+SET holder = NULL, expires_at = 0, version = {NEW_VERSION}, successor = :successor,
+    handed = NULL
+WHERE name = :name AND holder = :holder AND term = :term
+RETURNING {COLUMNS}
+"""
+
+# Release and grant in one statement: our own grant of this term goes to the successor with
+# the next term, carrying the successor's candidate version it was chosen by (`handed`).
+HAND_OVER = f"""
+UPDATE leases
+SET holder = :successor, term = max(term, :min_term) + 1, duration = :duration,
+    expires_at = boottime() + :duration, boot_id = :boot_id, version = {NEW_VERSION},
+    acquired_at = :wall, renewed_at = :wall, successor = NULL, handed = :handed
 WHERE name = :name AND holder = :holder AND term = :term
 RETURNING {COLUMNS}
 """
@@ -129,7 +144,7 @@ BEAT = f"""
 INSERT INTO candidates ("group", identity, revision, priority, leaving, started_at, beat_at,
                         version)
 VALUES (:group, :identity, :revision, :priority, :leaving, :started_at, :beat_at,
-        {NEW_VERSION})
+        coalesce(:version, {NEW_VERSION}))
 ON CONFLICT ("group", identity) DO UPDATE SET
     revision = excluded.revision,
     priority = excluded.priority,
@@ -208,6 +223,8 @@ def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(leases)")}
                 if "successor" not in columns:
                     conn.execute(ADD_SUCCESSOR)
+                if "handed" not in columns:
+                    conn.execute(ADD_HANDED)
                 conn.execute(CANDIDATES_SCHEMA)
             return
         except sqlite3.OperationalError as exc:
@@ -220,7 +237,7 @@ def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
     """A row of ``COLUMNS`` as the contract's record."""
     if row is None:
         return None
-    holder, term, duration, version, acquired, renewed, successor = row
+    holder, term, duration, version, acquired, renewed, successor, handed = row
     released = holder is None  # a NULL holder is only ever written by a release
     if holder == LOST_HOLDER:  # a loss marker: no holder, not released
         holder = None
@@ -233,6 +250,7 @@ def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
         # Only a release names a successor; a grant by an earlier version of the sidecar
         # (sharing the file during an upgrade) does not clear the column, so ignore it there.
         successor=successor if released else None,
+        handed=handed if holder is not None else None,
         acquired_at=wall_time(acquired),
         renewed_at=wall_time(renewed),
     )
