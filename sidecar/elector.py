@@ -398,13 +398,14 @@ class Elector:
             self._observe(record)
             return self._follower_delay()
         attempt = self._view.next_attempt(sent)
-        if attempt.why == "own":
+        handed_to_us = attempt.why == "own" and bool(self._view.record and self._view.record.handed)
+        if handed_to_us:
             first_renewal = self._take_handed(sent)
             if first_renewal is not None:
                 return first_renewal
-        if sent < self._hold_off_until and attempt.why != "handed":
+        if sent < self._hold_off_until and attempt.why != "handed" and not handed_to_us:
             # Rule 7: after a voluntary release, stand back for one lease — unless the lease
-            # was handed to us by name since (a transfer back).
+            # was handed to us by name since (a transfer back; the others wait for us then).
             return self._hold_off_until - sent
         if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
             return attempt.at - sent
@@ -470,8 +471,9 @@ class Elector:
         the grant was written; the others time the grant from when they see it, later still).
         Returns the delay until the first renewal, or None when the record must be taken like
         any record in our name (a write under a new term): not handed by a beat we remember,
-        a term not above every term we saw before it (rule 5), or too old a beat to leave any
-        lease. A loss not yet waited out never gets here (`LeaseView.next_attempt`)."""
+        a term not above every term we saw before it (rule 5), or too old a beat to leave a
+        first renewal its request timeout. A loss not yet waited out never gets here
+        (`LeaseView.next_attempt`)."""
         record = self._view.record
         if (
             record is None
@@ -486,7 +488,7 @@ class Elector:
             return None
         lease = min(record.duration, self.timing.lease_duration)
         valid_until = beat_sent + lease - self.timing.safety_margin
-        if valid_until <= now:
+        if valid_until - now < self.timing.request_timeout:
             return None
         self._become_leader(record, now, valid_until=valid_until, how="handed")
         # Renew on our usual beat from the candidate beat, at once if that is past: the next

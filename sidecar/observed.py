@@ -13,7 +13,9 @@ This is the one place where expiry is decided, the same way for every store:
   holder while it is not leading (a late renewal the store applied after the deadline): taking
   that one back under a new term cannot make two leaders.
 * **A store that lost state is waited out, every time (rule 8).** When the store shows less
-  than this replica has seen — no record, a lower term — or a record whose holder it lost (a
+  than this replica has seen — no record, a lower term, the highest term seen granted to
+  another holder than the one it saw at that term (terms are unique, so one of the two grants
+  was forgotten and granted again) — or a record whose holder it lost (a
   loss marker, which a replica that saw the loss writes down for those that did not), the
   holder it forgot may still lead until its own deadline, at most one lease away. The wait is
   one full lease from *this* loss: a new loss (the store changed again, or the watch
@@ -71,6 +73,7 @@ class LeaseView:
         self.seen_anything = False
         self.high_water = 0  # the highest term ever seen (rule 5)
         self.floor = 0  # the highest term seen before the record held now was first seen
+        self._holder_at_high_water: str | None = None  # the first holder seen at that term
         self._key: str | None = None  # version (or ABSENT) of the record being timed
         self._since = 0.0  # when that version was first seen
         self._longest = lease_duration  # the longest lease any record declared
@@ -97,6 +100,7 @@ class LeaseView:
             and (
                 (record is None and self.high_water > 0)
                 or (record is not None and record.term < self.high_water)
+                or self._regranted(record)
             )
         )
         self.seen_anything = True
@@ -106,6 +110,10 @@ class LeaseView:
             self._since = at
             self.floor = self.high_water
         if record is not None:
+            if record.term > self.high_water:
+                self._holder_at_high_water = record.holder
+            elif record.term == self.high_water and self._holder_at_high_water is None:
+                self._holder_at_high_water = record.holder  # (after a release or a marker)
             self.high_water = max(self.high_water, record.term)
             self._longest = max(self._longest, record.duration)
         if not behind:
@@ -118,6 +126,17 @@ class LeaseView:
             self.losses_in_a_row += 1 + self._losses_unseen(previous_at, at)
             return True
         return False
+
+    def _regranted(self, record: LeaseRecord | None) -> bool:
+        """The highest term seen, granted to another holder than the one seen at it: the store
+        forgot a grant and granted its term again (say the leader, which never saw the lost
+        grant, handed its lease over with the next term)."""
+        return (
+            record is not None
+            and record.holder is not None
+            and record.term == self.high_water
+            and self._holder_at_high_water not in (None, record.holder)
+        )
 
     def lost_sight(self) -> None:
         """A request to the store failed: see `blind`."""

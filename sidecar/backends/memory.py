@@ -141,6 +141,7 @@ class MemoryLeaseStore:
         row.holder = None
         row.released = True
         row.successor = successor
+        row.handed = None
         row.version = self.state.next_version()
         return self._changed()
 

@@ -703,10 +703,14 @@ async def test_a_handed_grant_whose_beat_leaves_no_lease_is_taken_with_a_write(
     assert store_of(b).calls == {"acquire": 1}
 
 
-async def test_a_handed_term_the_successor_saw_before_is_not_led_on(world: World) -> None:
-    """Rule 5: the successor saw a grant of term 2 (to another, which the store then
-    forgot); the leader, which never saw it, hands over with term 2 again. Leading on it
-    would put two identities under one term: the successor writes a grant of its own."""
+async def test_a_handed_term_the_successor_saw_granted_to_another_is_a_loss(
+    world: World,
+) -> None:
+    """Rules 5 and 8: the successor saw a grant of term 2 to y, which the store then forgot
+    (it went back to a's grant of term 1); the leader a, which never saw y's grant, hands
+    over with term 2 again. Two grants of one term: a loss, waited out a full lease from when
+    it was seen (y may lead until its own deadline), then a grant of the successor's own with
+    its term jumped — never a lead on the handed term, nor a write at once."""
     a = world.elector("a")
     b = world.elector("b", allowed={"acquire", "read"}, beats={"7": world.clock.now()})
     await a.step()
@@ -722,10 +726,56 @@ async def test_a_handed_term_the_successor_saw_before_is_not_led_on(world: World
     assert handed is not None
     assert (handed.holder, handed.term) == ("b_0000", 2)
     b.on_watch(handed)
+    loss_seen = world.clock.now()
+    delay = await b.step()
+    assert not b.status().leader
+    assert store_of(b).calls["acquire"] == 0
+    assert loss_seen + delay >= loss_seen + TIMING.lease_duration
+    world.clock.advance(delay)
     await b.step()
     assert b.status().leader
-    assert b.status().term > 2
+    assert b.status().term > 2 + LOSS_TERM_GAP
     assert store_of(b).calls["acquire"] == 1
+
+
+async def test_a_grant_handed_back_during_the_stand_back_is_taken_at_once(world: World) -> None:
+    """Rule 7's stand-back after a voluntary release is for leases free to anyone; one handed
+    to us is ours, and the others wait for us. Here the successor cannot lead on the
+    hand-over itself (a version it no longer remembers), so it takes it with a write, now."""
+    b = world.elector("b", beats={"7": world.clock.now()})
+    a = world.elector("a")
+    await b.step()
+    assert await b.release()  # b stands back one lease
+    a.on_watch(world.state.record())
+    await a.step()
+    assert a.status().leader
+    world.clock.advance(1.0)
+    assert await a.release(successor="b_0000", handed="8")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader
+    assert store_of(b).calls["acquire"] == 2
+
+
+async def test_a_handed_grant_too_short_for_a_first_renewal_is_taken_with_a_write(
+    world: World,
+) -> None:
+    """Leading on a beat that leaves less than a request timeout would end at the deadline
+    of a renewal that had no time to answer."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire"}, beats={"7": world.clock.now()})
+    await a.step()
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()
+    world.clock.advance(TIMING.lease_duration - MARGIN - TIMING.renew_interval - 0.5)
+    await a.step()
+    assert a.status().leader
+    await a.release(successor="b_0000", handed="7")  # b's beat leaves it 0.5 s < 1 s
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 3
+    assert store_of(b).calls == {"acquire": 1}
 
 
 async def test_a_leader_hands_over_only_where_the_store_can(world: World) -> None:

@@ -488,8 +488,9 @@ class KubernetesLeaseStore:
                 lease,
                 # An empty holder keeps the term (leaseTransitions) and wakes every watcher.
                 {"holderIdentity": "", "renewTime": MicroTime.at(self._clock.wall()).isoformat()},
-                # The successor in the same write; None deletes one a hand-edit left behind.
-                {SUCCESSOR_ANNOTATION: successor or None},
+                # The successor in the same write; None deletes one a hand-edit left behind,
+                # and a hand-over's mark (a successor giving back what was handed to it).
+                {SUCCESSOR_ANNOTATION: successor or None, HANDED_ANNOTATION: None},
             )
         except CallError as error:
             raise await self._after_failed_write(error, identity, term) from None
