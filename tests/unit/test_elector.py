@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
-from sidecar.backends.memory import MemoryLeaseState
+from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 from sidecar.config import Timing, load
 from sidecar.elector import Elector, Role, Transition
 from sidecar.metrics import Metrics
@@ -738,6 +738,32 @@ async def test_a_handed_term_the_successor_saw_granted_to_another_is_a_loss(
     assert store_of(b).calls["acquire"] == 1
 
 
+async def test_a_handed_term_the_successor_saw_released_is_not_led_on(world: World) -> None:
+    """Rule 5: the successor saw y's release of term 2 (not its grant); the store then went
+    back to a's grant of term 1, and a, which never saw term 2, hands over with term 2 again.
+    Leading on it would put b under y's term: b takes it with a grant of its own, above."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire", "read"}, beats={"7": world.clock.now()})
+    await a.step()
+    row = world.state.row
+    assert row is not None
+    kept = dataclasses.replace(row)
+    world.steal("y_0000")  # term 2, unseen by b
+    await MemoryLeaseStore(world.state).release("y_0000", 2)
+    b.on_watch(world.state.record())  # b sees y's release of term 2
+    world.state.row = dataclasses.replace(kept, version=world.state.next_version())
+    b.on_watch(world.state.record())
+    await a.release(successor="b_0000", handed="7")
+    handed = world.state.record()
+    assert handed is not None
+    assert (handed.holder, handed.term) == ("b_0000", 2)
+    b.on_watch(handed)
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 3
+    assert store_of(b).calls["acquire"] == 1
+
+
 async def test_a_grant_handed_back_during_the_stand_back_is_taken_at_once(world: World) -> None:
     """Rule 7's stand-back after a voluntary release is for leases free to anyone; one handed
     to us is ours, and the others wait for us. Here the successor cannot lead on the
@@ -755,6 +781,24 @@ async def test_a_grant_handed_back_during_the_stand_back_is_taken_at_once(world:
     await b.step()
     assert b.status().leader
     assert store_of(b).calls["acquire"] == 2
+
+
+async def test_a_release_naming_us_during_the_stand_back_is_taken_at_once(world: World) -> None:
+    """The same where the store cannot hand over (Redis with WAIT or Sentinels): the release
+    names the successor, which takes the lease at once despite its stand-back."""
+    b = world.elector("b")
+    a = world.elector("a", allowed={"acquire", "release"})
+    store_of(a).hands_over_here = False
+    await b.step()
+    assert await b.release()  # b stands back one lease
+    a.on_watch(world.state.record())
+    await a.step()
+    world.clock.advance(1.0)
+    assert await a.release(successor="b_0000", handed="7")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 3
 
 
 async def test_a_handed_grant_too_short_for_a_first_renewal_is_taken_with_a_write(
