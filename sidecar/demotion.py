@@ -2,12 +2,16 @@
 
 ``/leader`` answers 503 the instant the elector demotes (rule 4); the actions here follow, in
 order, off the election loop so a slow webhook can never delay a renewal: the Kubernetes role
-label (added by the Kubernetes backend), the webhook to the app, the signal to the app.
+label and Event (added by the Kubernetes backend), the webhook to the app, the signal to the
+app. A step down on purpose (SIGTERM, a release, a transfer) tells the app first, and the
+actions marked ``after_release`` (the Kubernetes ones) go once the store answered the release:
+sent beside it, they competed with it at the API server and held the hand-off up by a few ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal as signals
@@ -22,6 +26,8 @@ logger = logging.getLogger("sidecar.demotion")
 
 class Action(Protocol):
     name: str
+    # True: on a step down on purpose, run after the app's actions, once the store answered.
+    after_release: bool
 
     async def __call__(self, transition: Transition) -> None: ...
 
@@ -48,7 +54,14 @@ class ActionRunner:
                 self._queue.task_done()
 
     async def _apply(self, transition: Transition) -> None:
-        for action in self.actions:
+        actions = self.actions
+        if transition.settled is not None:
+            actions = sorted(actions, key=lambda action: action.after_release)  # (stable)
+        for action in actions:
+            if action.after_release and transition.settled is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.action_timeout):
+                        await transition.settled.wait()
             try:
                 async with asyncio.timeout(self.action_timeout):
                     await action(transition)
@@ -77,6 +90,7 @@ class Webhook:
     """POSTs the state as JSON to the app on every transition, with retries."""
 
     name = "webhook"
+    after_release = False
 
     def __init__(self, url: str, timeout: float = 2.0, retries: int = 3) -> None:
         self.url = url
@@ -111,6 +125,7 @@ class SignalApp:
     In a pod this needs ``shareProcessNamespace: true``."""
 
     name = "signal"
+    after_release = False
 
     def __init__(self, process_name: str, signal_name: str = "SIGTERM", proc: Path = Path("/proc")):
         self.process_name = process_name

@@ -108,6 +108,9 @@ class Transition:
     reason: str  # acquired | lost | deadline | released | shutdown
     status: LeaderStatus
     previous_holder: str | None  # who held the lease before we took it (acquired only)
+    settled: asyncio.Event | None = None
+    """A step down on purpose (a release or hand-over): set once the store answered it. The
+    actions that talk to the store's API server wait for it (`sidecar.demotion`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -568,7 +571,16 @@ class Elector:
                 await self._give_back_handed(budget, look=False)
             return False
         term = self._term
-        self._demote(reason)
+        settled = asyncio.Event()
+        self._demote(reason, settled=settled)
+        try:
+            return await self._release_as(reason, budget, term, successor, handed)
+        finally:
+            settled.set()
+
+    async def _release_as(
+        self, reason: str, budget: float, term: int, successor: str | None, handed: str | None
+    ) -> bool:
         if reason == "released":
             # Give the others the lease instead of taking it straight back.
             self._hold_off_until = self._clock.now() + self.timing.lease_duration
@@ -702,7 +714,7 @@ class Elector:
         self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
         self._observe(record)
 
-    def _demote(self, reason: str) -> None:
+    def _demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None:
         if self._role is not Role.LEADER:
             return
         if reason == "deadline":
@@ -725,7 +737,7 @@ class Elector:
             reason=reason,
             last_error=self._last_error,
         )
-        self._notify(Transition(Role.FOLLOWER, reason, self.status(), None))
+        self._notify(Transition(Role.FOLLOWER, reason, self.status(), None, settled))
 
     def _observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
         """Every answer from the store goes through here, timed when it *arrived*."""

@@ -70,6 +70,7 @@ class PodRoleLabel:
     """Labels this pod (and, on becoming leader, the previous holder's pod)."""
 
     name = "pod-role-label"
+    after_release = True  # (see `sidecar.demotion`)
 
     def __init__(
         self,
@@ -128,6 +129,7 @@ class LeaseEvents:
     """Records a core/v1 Event about the Lease for every transition and renewal gap."""
 
     name = "kubernetes-event"
+    after_release = True
 
     def __init__(
         self,
