@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -96,6 +98,34 @@ class Pool:
             return None
 
 
+async def quiet(pools: list[Pool], share: float = 0.1, window: float = 0.1,
+                timeout: float = 5.0) -> float:  # fmt: skip
+    """Wait until every replica of ``pools`` together uses under ``share`` of one CPU over
+    ``window`` seconds (at most ``timeout``); returns the seconds waited. A replacement process
+    spends a second or so of CPU after it answers (imports, its first store round trips): on 2
+    cores, a hand-off of a few milliseconds that lands inside that measures the start-up, not the
+    hand-off — for either system."""
+    began = time.monotonic()
+    while True:
+        before = _cpu_seconds(pools)
+        await asyncio.sleep(window)
+        used = _cpu_seconds(pools) - before
+        if used < share * window or time.monotonic() - began >= timeout:
+            return time.monotonic() - began
+
+
+def _cpu_seconds(pools: list[Pool]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pool in pools:
+        for replica in pool.replicas:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{replica.proc.pid}/stat").read_text().rsplit(")", 1)[1]
+                utime, stime = fields.split()[11:13]
+                total += int(utime) + int(stime)
+    return total / ticks
+
+
 # -- the trials ------------------------------------------------------------------------------
 
 
@@ -127,10 +157,13 @@ async def crash(pool: Pool) -> tuple[float | None, float, list[float]]:
     return successor.since - (last + pool.system.lease), *rss
 
 
-async def handoff(pool: Pool) -> float | None:
+async def handoff(pool: Pool, quiet_for: list[Pool] | None = None) -> float | None:
     """SIGTERM the leader: seconds until another replica leads (None: nobody led within
-    ``successor_timeout``; the signalled process is then killed and the run goes on)."""
+    ``successor_timeout``; the signalled process is then killed and the run goes on).
+    ``quiet_for``: first wait until these pools' replicas are quiet (`quiet`)."""
     first, leader = await pool.settle()
+    if quiet_for:
+        await quiet(quiet_for)
     began = time.time()
     leader.signal(signal.SIGTERM)
     try:

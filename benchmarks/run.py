@@ -75,21 +75,21 @@ async def bench_store(store: KubeStore | RedisStore, ours: System, theirs: Syste
 
         async def in_turn(i: int, trial: Callable[[Pool], object]) -> tuple[object, object]:
             """One after the other, first ours or theirs by turns: a hand-off takes a few
-            milliseconds, and side by side the other pool's replacement process (a third of a
-            second of CPU to start) or its own hand-off would land inside it on 2 cores."""
-            if i % 2:
-                b = await trial(pt)  # type: ignore[misc]
-                a = await trial(po)  # type: ignore[misc]
-            else:
-                a = await trial(po)  # type: ignore[misc]
-                b = await trial(pt)  # type: ignore[misc]
-            return a, b
+            milliseconds, and side by side the other pool's replacement process (a second of
+            CPU to start) or its own hand-off would land inside it on 2 cores. Each hand-off
+            also waits for both pools to be quiet (`measures.quiet`)."""
+            results: dict[int, object] = {}
+            for pool in (pt, po) if i % 2 else (po, pt):
+                results[id(pool)] = await trial(pool)  # type: ignore[misc]
+            return results[id(po)], results[id(pt)]
 
         rates = await _trials(f"{short} store rates", trials, lambda i: both(measures.store_rates))
         crashes = await _trials(f"{short} crash", trials, lambda i: both(measures.crash))
-        handoffs = await _trials(
-            f"{short} hand-off", trials, lambda i: in_turn(i, measures.handoff)
-        )
+
+        def quiet_handoff(pool: Pool) -> object:
+            return measures.handoff(pool, quiet_for=pools)
+
+        handoffs = await _trials(f"{short} hand-off", trials, lambda i: in_turn(i, quiet_handoff))
         takeovers = await _trials(f"{short} takeover", trials, lambda i: both(measures.takeover))
         stalls = await _trials(
             f"{short} stall",

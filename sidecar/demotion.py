@@ -3,9 +3,10 @@
 ``/leader`` answers 503 the instant the elector demotes (rule 4); the actions here follow, in
 order, off the election loop so a slow webhook can never delay a renewal: the Kubernetes role
 label and Event (added by the Kubernetes backend), the webhook to the app, the signal to the
-app. A step down on purpose (SIGTERM, a release, a transfer) tells the app first, and the
-actions marked ``after_release`` (the Kubernetes ones) go once the store answered the release:
-sent beside it, they competed with it at the API server and held the hand-off up by a few ms.
+app. A step down on purpose (SIGTERM, a release, a transfer) tells the app at once, and the
+actions marked ``after_release`` (the Kubernetes ones) go, beside the app's, once the store
+answered the release: sent beside it, they competed with it at the API server and held the
+hand-off up by a few ms.
 """
 
 from __future__ import annotations
@@ -54,14 +55,25 @@ class ActionRunner:
                 self._queue.task_done()
 
     async def _apply(self, transition: Transition) -> None:
-        actions = self.actions
-        if transition.settled is not None:
-            actions = sorted(actions, key=lambda action: action.after_release)  # (stable)
+        settled = transition.settled
+        if settled is None:
+            await self._in_order(self.actions, transition)
+            return
+        # On purpose: the app's actions at once; the others, in their order, as soon as the
+        # store answered — beside the app's, so a slow webhook does not hold them up.
+        app = [action for action in self.actions if not action.after_release]
+        store = [action for action in self.actions if action.after_release]
+
+        async def after_release() -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.action_timeout):
+                    await settled.wait()
+            await self._in_order(store, transition)
+
+        await asyncio.gather(self._in_order(app, transition), after_release())
+
+    async def _in_order(self, actions: list[Action], transition: Transition) -> None:
         for action in actions:
-            if action.after_release and transition.settled is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.action_timeout):
-                        await transition.settled.wait()
             try:
                 async with asyncio.timeout(self.action_timeout):
                     await action(transition)

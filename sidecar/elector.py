@@ -401,7 +401,7 @@ class Elector:
             self._observe(record)
             return self._follower_delay()
         attempt = self._view.next_attempt(sent)
-        handed_to_us = attempt.why == "own" and bool(self._view.record and self._view.record.handed)
+        handed_to_us = attempt.why == "own" and self._handed_to_us()
         if handed_to_us:
             first_renewal = self._take_handed(sent)
             if first_renewal is not None:
@@ -473,18 +473,14 @@ class Elector:
         lease counts from when we sent the candidate beat it names (rule 3: a moment before
         the grant was written; the others time the grant from when they see it, later still).
         Returns the delay until the first renewal, or None when the record must be taken like
-        any record in our name (a write under a new term): not handed by a beat we remember,
-        a term not above every term we saw before it (rule 5), or too old a beat to leave a
-        first renewal its request timeout. A loss not yet waited out never gets here
-        (`LeaseView.next_attempt`)."""
+        any record in our name (a write under a new term): not handed by a beat we remember, or
+        too old a beat to leave a first renewal its request timeout. A term not above every
+        term we saw before it is a loss (rule 5, `LeaseView`), and a loss not yet waited out
+        never gets here (`LeaseView.next_attempt`)."""
         record = self._view.record
-        if (
-            record is None
-            or record.holder != self.identity
-            or record.handed is None
-            or self._beat_sent_at is None
-            or record.term <= self._view.floor
-        ):
+        if record is None or record.handed is None or self._beat_sent_at is None:
+            return None
+        if not self._handed_to_us():
             return None
         beat_sent = self._beat_sent_at(record.handed)
         if beat_sent is None:
@@ -497,6 +493,18 @@ class Elector:
         # Renew on our usual beat from the candidate beat, at once if that is past: the next
         # renewal restores a full lease.
         return max(0.0, beat_sent + self.timing.renew_interval - self._clock.now())
+
+    def _handed_to_us(self) -> bool:
+        """The record is a grant a hand-over wrote to us, which we never led on: not one we
+        led on and stepped down from (a release of it that failed, or is still on its way,
+        leaves it shown in our name; leading on it again could lead beside the next holder)."""
+        record = self._view.record
+        return (
+            record is not None
+            and record.holder == self.identity
+            and record.handed is not None
+            and record.term != self._term
+        )
 
     def _loss_to_write_down(self) -> int | None:
         """The term to write down in a loss marker, if any (rule 5): following, in a loss,
@@ -615,6 +623,9 @@ class Elector:
         except NotOwned as gone:
             self._observe(gone.record)
         except StoreError as exc:
+            # It may have landed, or still land: look before taking anything (the view still
+            # shows the grant in our name).
+            self._view.lost_sight()
             log(
                 logger,
                 "warning",

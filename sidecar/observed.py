@@ -14,8 +14,10 @@ This is the one place where expiry is decided, the same way for every store:
   that one back under a new term cannot make two leaders.
 * **A store that lost state is waited out, every time (rule 8).** When the store shows less
   than this replica has seen — no record, a lower term, the highest term seen granted to
-  another holder than the one it saw at that term (terms are unique, so one of the two grants
-  was forgotten and granted again) — or a record whose holder it lost (a
+  another holder than the one it saw at that term or granted after it saw that term released,
+  a hand-over's grant not above every term seen before it (terms are unique and a release ends
+  its term, so a grant was forgotten and its term granted again) — or a record whose holder it
+  lost (a
   loss marker, which a replica that saw the loss writes down for those that did not), the
   holder it forgot may still lead until its own deadline, at most one lease away. The wait is
   one full lease from *this* loss: a new loss (the store changed again, or the watch
@@ -41,6 +43,7 @@ from sidecar.backends.base import LeaseRecord
 LOSS_TERM_GAP = 1000
 
 ABSENT = "<absent>"  # the observation key of "the store holds no record at all"
+RELEASED = "<released>"  # what was seen at the highest term: its release
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +76,9 @@ class LeaseView:
         self.seen_anything = False
         self.high_water = 0  # the highest term ever seen (rule 5)
         self.floor = 0  # the highest term seen before the record held now was first seen
-        self._holder_at_high_water: str | None = None  # the first holder seen at that term
+        # What was seen at the highest term: its holder, RELEASED, or None (nothing known:
+        # only a loss marker, or nothing yet).
+        self._at_high_water: str | None = None
         self._key: str | None = None  # version (or ABSENT) of the record being timed
         self._since = 0.0  # when that version was first seen
         self._longest = lease_duration  # the longest lease any record declared
@@ -100,7 +105,7 @@ class LeaseView:
             and (
                 (record is None and self.high_water > 0)
                 or (record is not None and record.term < self.high_water)
-                or self._regranted(record)
+                or self._regranted(record, self.high_water if changed else self.floor)
             )
         )
         self.seen_anything = True
@@ -110,10 +115,7 @@ class LeaseView:
             self._since = at
             self.floor = self.high_water
         if record is not None:
-            if record.term > self.high_water:
-                self._holder_at_high_water = record.holder
-            elif record.term == self.high_water and self._holder_at_high_water is None:
-                self._holder_at_high_water = record.holder  # (after a release or a marker)
+            self._note_at_high_water(record)
             self.high_water = max(self.high_water, record.term)
             self._longest = max(self._longest, record.duration)
         if not behind:
@@ -127,16 +129,31 @@ class LeaseView:
             return True
         return False
 
-    def _regranted(self, record: LeaseRecord | None) -> bool:
-        """The highest term seen, granted to another holder than the one seen at it: the store
-        forgot a grant and granted its term again (say the leader, which never saw the lost
-        grant, handed its lease over with the next term)."""
-        return (
-            record is not None
-            and record.holder is not None
-            and record.term == self.high_water
-            and self._holder_at_high_water not in (None, record.holder)
-        )
+    def _regranted(self, record: LeaseRecord | None, seen_before: int) -> bool:
+        """A grant of a term already used: the store forgot a grant (or its release) and
+        granted its term again — say the leader, which never saw the forgotten grant, handed
+        its lease over with the next term. Shown by the highest term seen granted to another
+        holder than the one seen at it, or after its release (a grant after a release always
+        has a higher term); or by a hand-over's grant not above every term seen before it
+        (``seen_before``: a hand-over writes above the leader's own term, and a holder puts
+        back only its own grants, never one handed to it)."""
+        if record is None or record.holder is None:
+            return False
+        if record.handed is not None and record.term <= seen_before:
+            return True
+        return record.term == self.high_water and self._at_high_water not in (None, record.holder)
+
+    def _note_at_high_water(self, record: LeaseRecord) -> None:
+        """Remember what was seen at the highest term (for `_regranted`). A regrant's holder
+        is remembered too, so its renewals are not each a new loss."""
+        if record.term > self.high_water:
+            self._at_high_water = None
+        if record.term < self.high_water:
+            return
+        if record.released:
+            self._at_high_water = RELEASED
+        elif record.holder is not None:
+            self._at_high_water = record.holder
 
     def lost_sight(self) -> None:
         """A request to the store failed: see `blind`."""

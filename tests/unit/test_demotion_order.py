@@ -50,6 +50,31 @@ async def test_a_step_down_on_purpose_runs_the_apps_actions_first_and_the_api_af
         await asyncio.gather(running, return_exceptions=True)
 
 
+async def test_a_slow_webhook_does_not_hold_the_label_up_once_the_release_answered() -> None:
+    seen: list[tuple[str, bool | None]] = []
+
+    class SlowApp(Recording):
+        async def __call__(self, transition: Transition) -> None:
+            await asyncio.sleep(0.5)
+            await super().__call__(transition)
+
+    runner = ActionRunner(
+        [Recording("label", True, seen), SlowApp("webhook", False, seen)]  # type: ignore[list-item]
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        settled = asyncio.Event()
+        settled.set()
+        runner.submit(Transition(Role.FOLLOWER, "shutdown", status(False), None, settled))
+        await asyncio.sleep(0.1)
+        assert seen == [("label", True)]
+        assert await runner.drain(2.0)
+        assert seen == [("label", True), ("webhook", True)]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
 async def test_the_release_marks_the_step_down_settled_once_the_store_answered(
     world: World,  # noqa: F811
 ) -> None:

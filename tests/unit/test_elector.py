@@ -738,10 +738,11 @@ async def test_a_handed_term_the_successor_saw_granted_to_another_is_a_loss(
     assert store_of(b).calls["acquire"] == 1
 
 
-async def test_a_handed_term_the_successor_saw_released_is_not_led_on(world: World) -> None:
-    """Rule 5: the successor saw y's release of term 2 (not its grant); the store then went
-    back to a's grant of term 1, and a, which never saw term 2, hands over with term 2 again.
-    Leading on it would put b under y's term: b takes it with a grant of its own, above."""
+async def test_a_handed_term_the_successor_saw_released_is_a_loss(world: World) -> None:
+    """Rules 5 and 8: the successor saw y's release of term 2 (not its grant); the store then
+    went back to a's grant of term 1, and a, which never saw term 2, hands over with term 2
+    again. A grant of a released term is a grant the store forgot made again (y's, or one after
+    it b never saw): waited out a lease, then a grant of b's own, its term jumped."""
     a = world.elector("a")
     b = world.elector("b", allowed={"acquire", "read"}, beats={"7": world.clock.now()})
     await a.step()
@@ -758,9 +759,14 @@ async def test_a_handed_term_the_successor_saw_released_is_not_led_on(world: Wor
     assert handed is not None
     assert (handed.holder, handed.term) == ("b_0000", 2)
     b.on_watch(handed)
+    delay = await b.step()
+    assert not b.status().leader
+    assert store_of(b).calls["acquire"] == 0
+    assert delay >= TIMING.lease_duration
+    world.clock.advance(delay)
     await b.step()
     assert b.status().leader
-    assert b.status().term == 3
+    assert b.status().term > 2 + LOSS_TERM_GAP
     assert store_of(b).calls["acquire"] == 1
 
 
@@ -781,6 +787,94 @@ async def test_a_grant_handed_back_during_the_stand_back_is_taken_at_once(world:
     await b.step()
     assert b.status().leader
     assert store_of(b).calls["acquire"] == 2
+
+
+async def test_a_handed_grant_we_stepped_down_from_is_not_led_on_again(world: World) -> None:
+    """b led on a grant handed to it and released it; the store applied the release, but its
+    answer never came, so b's view still shows the grant in b's name. c takes the free lease;
+    b must not lead on the handed grant again (nor take it back in its stand-back)."""
+    a = world.elector("a")
+    b = world.elector("b", beats={"7": world.clock.now()})
+    c = world.elector("c")
+    await a.step()
+    assert await a.release(successor="b_0000", handed="7")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader  # on the hand-over, before its first renewal
+
+    def answer_lost() -> None:
+        raise StoreUnavailable("release timed out after 1.000s")
+
+    store_of(b).during["release"] = answer_lost  # applied at the store, the answer lost
+    world.clock.advance(0.2)
+    assert await b.release()
+    del store_of(b).during["release"]
+    record = world.state.record()
+    assert record is not None
+    assert record.free
+    c.on_watch(record)
+    await c.step()
+    assert c.status().leader
+    for _ in range(3):
+        await b.step()
+        assert not b.status().leader
+
+
+async def test_a_handed_grant_is_not_led_on_again_after_a_release_that_never_finished(
+    world: World,
+) -> None:
+    """The same with the release cancelled on its way (the API client that asked for it
+    went away): nothing failed, so nothing says "look first"; the grant shown in b's name is
+    one b led on and stepped down from."""
+    a = world.elector("a")
+    b = world.elector("b", beats={"7": world.clock.now()})
+    c = world.elector("c")
+    await a.step()
+    assert await a.release(successor="b_0000", handed="7")
+    b.on_watch(world.state.record())
+    await b.step()
+    assert b.status().leader
+
+    def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    store_of(b).during["release"] = cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await b.release()
+    del store_of(b).during["release"]
+    record = world.state.record()
+    assert record is not None
+    c.on_watch(record)
+    await c.step()
+    assert c.status().leader
+    await b.step()
+    assert not b.status().leader
+
+
+async def test_a_handed_grant_at_the_term_of_a_loss_marker_is_a_loss(world: World) -> None:
+    """Rules 5 and 8: b saw only a loss marker of term 2 (another replica saw x's grant of
+    term 2 forgotten); the store then went back to a's grant of term 1, and a hands over with
+    term 2. x may still lead under term 2: b waits the loss out and jumps its term."""
+    a = world.elector("a")
+    b = world.elector("b", allowed={"acquire", "read"}, beats={"7": world.clock.now()})
+    await a.step()
+    row = world.state.row
+    assert row is not None
+    kept = dataclasses.replace(row)
+    b.on_watch(LeaseRecord(holder=None, term=2, duration=TIMING.lease_duration, version="mk"))
+    world.state.row = dataclasses.replace(kept, version=world.state.next_version())
+    b.on_watch(world.state.record())
+    await a.release(successor="b_0000", handed="7")
+    handed = world.state.record()
+    assert handed is not None
+    assert (handed.holder, handed.term) == ("b_0000", 2)
+    b.on_watch(handed)
+    delay = await b.step()
+    assert not b.status().leader
+    assert delay >= TIMING.lease_duration
+    world.clock.advance(delay)
+    await b.step()
+    assert b.status().term > 2 + LOSS_TERM_GAP
 
 
 async def test_a_release_naming_us_during_the_stand_back_is_taken_at_once(world: World) -> None:

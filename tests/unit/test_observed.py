@@ -35,7 +35,7 @@ def test_released_own_and_new_are_free_at_once() -> None:
     released = LeaseRecord(holder=None, term=3, duration=LEASE, version="r", released=True)
     view.observe(released, at=2.0)
     assert (view.next_attempt(2.0).at, view.next_attempt(2.0).why) == (2.0, "released")
-    view.observe(held("v9", holder=ME), at=3.0)
+    view.observe(held("v9", term=4, holder=ME), at=3.0)  # (a grant after a release: above it)
     assert (view.next_attempt(3.0).at, view.next_attempt(3.0).why) == (3.0, "own")
 
 
@@ -88,3 +88,37 @@ def test_losses_missed_while_seeing_nothing_count_one_per_lease_of_silence() -> 
     view.observe(None, at=2.5 * LEASE, from_watch=True)  # back after 2.5 leases of nothing
     assert view.losses_in_a_row == 1 + 2
     assert view.next_attempt(2.5 * LEASE).min_term == 7 + 3 * LOSS_TERM_GAP
+
+
+def test_a_term_granted_again_is_a_loss_once_not_at_every_renewal() -> None:
+    """y held term 5; the store forgot it and granted 5 to z (a hand-over from a leader that
+    never saw y's grant, say). One loss, waited out from when it was seen; z's renewals
+    after it are z's lease, timed as usual, not a new loss each."""
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=5, holder="y_1"), at=0.0)
+    assert view.observe(held("v2", term=5, holder="z_1"), at=1.0)
+    assert view.next_attempt(1.0).why == "lost"
+    assert not view.observe(held("v3", term=5, holder="z_1"), at=2.0)
+    assert view.losses_in_a_row == 0
+    assert view.next_attempt(2.0).at == 2.0 + LEASE
+
+
+def test_a_grant_of_a_term_seen_released_is_a_loss() -> None:
+    """A grant after a release always has a higher term: one at the released term is a grant
+    the store forgot, made again."""
+    view = LeaseView(ME, LEASE)
+    released = LeaseRecord(holder=None, term=5, duration=LEASE, version="r", released=True)
+    view.observe(released, at=0.0)
+    assert view.observe(held("v2", term=5, holder="z_1"), at=1.0)
+    assert view.next_attempt(1.0).why == "lost"
+
+
+def test_a_holder_putting_its_grant_back_over_its_marker_is_no_new_loss() -> None:
+    """The normal recovery: y's grant, the store loses it (a marker of term 5), y puts it
+    back. The loss ends when y's grant is shown again."""
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=5, holder="y_1"), at=0.0)
+    marker = LeaseRecord(holder=None, term=5, duration=LEASE, version="m")
+    assert view.observe(marker, at=1.0)
+    assert not view.observe(held("v2", term=5, holder="y_1"), at=2.0)
+    assert view.loss_since is None

@@ -179,7 +179,9 @@ class KubernetesLeaseStore:
         if self._lease is not None and not _newer(
             version, str(_metadata(self._lease).get("resourceVersion"))
         ):
-            return self._record(lease)  # a late watch event: keep the fresher state
+            # A late watch event: keep, and report, the fresher state (a late event shown to
+            # the elector reads as the store going back: a loss, or a term granted again).
+            return self._record(self._lease)
         self._lease = lease
         self.uid = _metadata(lease).get("uid") or self.uid
         record = self._record(lease)
