@@ -437,3 +437,26 @@ async def test_concurrent_candidates_on_a_released_lease_yield_one_grant(
     current = await first.read()
     assert current is not None
     assert (current.holder, current.term) == (winners[0], granted.term + 1)
+
+
+async def test_a_lower_resource_version_is_reported_as_it_came(make_store: StoreFactory) -> None:
+    """After the API server's storage is wiped, resourceVersions start again: a Lease with a
+    lower one is the store as it is now — a loss the elector must see — not a late event to
+    hide behind the record seen before. (Hiding it let a chaos run's replica miss a loss,
+    count one fewer, and jump to the very term another had been granted.)"""
+    store = make_store()
+    before = {
+        "metadata": {"name": LEASE, "namespace": NAMESPACE, "resourceVersion": "500", "uid": "u1"},
+        "spec": {"holderIdentity": "a_1", "leaseTransitions": 3003, "leaseDurationSeconds": 1},
+    }
+    after = {
+        "metadata": {"name": LEASE, "namespace": NAMESPACE, "resourceVersion": "3", "uid": "u2"},
+        "spec": {"holderIdentity": "b_1", "leaseTransitions": 2, "leaseDurationSeconds": 1},
+    }
+    assert store._observe(before) is not None
+    record = store._observe(after)
+    assert record is not None
+    assert (record.holder, record.term) == ("b_1", 2)
+    view = LeaseView("c_1", 1.0)
+    view.observe(store._observe(before), at=0.0)
+    assert view.observe(store._observe(after), at=0.1)  # a loss

@@ -179,9 +179,10 @@ class KubernetesLeaseStore:
         if self._lease is not None and not _newer(
             version, str(_metadata(self._lease).get("resourceVersion"))
         ):
-            # A late watch event: keep, and report, the fresher state (a late event shown to
-            # the elector reads as the store going back: a loss, or a term granted again).
-            return self._record(self._lease)
+            # A late watch event: keep the fresher state for our writes, but report what came
+            # (after an API server's storage is wiped, resourceVersions start again, and a
+            # "late" number is the store as it is now: a loss the elector must see).
+            return self._record(lease)
         self._lease = lease
         self.uid = _metadata(lease).get("uid") or self.uid
         record = self._record(lease)
