@@ -478,10 +478,9 @@ class Elector:
         term we saw before it is a loss (rule 5, `LeaseView`), and a loss not yet waited out
         never gets here (`LeaseView.next_attempt`)."""
         record = self._view.record
-        if record is None or record.handed is None or self._beat_sent_at is None:
+        if self._beat_sent_at is None or record is None or not self._handed_to_us():
             return None
-        if not self._handed_to_us():
-            return None
+        assert record.handed is not None  # (`_handed_to_us`)
         beat_sent = self._beat_sent_at(record.handed)
         if beat_sent is None:
             return None
