@@ -106,13 +106,15 @@ async def test_sigkill_of_the_leader_fails_over_to_a_higher_term_within_the_leas
 async def test_sigterm_of_the_leader_hands_off_in_a_fraction_of_a_second(
     server: RedisServer,
 ) -> None:
-    """The release is published; the followers' watch fires and one of them takes the lease
-    with the next term within a few round trips, not after a lease."""
+    """The hand-over is published; the successor leads on it (the next term), or, when the
+    candidate beat it was chosen by leaves too little of the lease (a 1 s lease here: beats
+    every half lease), takes it with a write of its own (the term after): either way within a
+    few round trips, not after a lease."""
     with sidecars(["a", "b", "c"], server.url) as procs:
         async with observing(procs) as observer:
             handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
             assert handover.seconds < 0.5
-            assert handover.successor.term == (handover.before.term or 0) + 1
+            assert handover.successor.term in ((handover.before.term or 0) + d for d in (1, 2))
             assert handover.leader.wait_exit(2.0) == 0
             logs = handover.leader.logs
             assert any(e.get("msg") == "stopped" and e.get("released") for e in logs)
