@@ -559,7 +559,10 @@ class Elector:
         budget = self.timing.request_timeout if timeout is None else timeout
         try:
             # A step in flight holds the lock for at most one request: never wait longer.
-            await asyncio.wait_for(self._lock.acquire(), budget + self.timing.request_timeout)
+            # (`asyncio.timeout`, not `wait_for`: a free lock is then taken at once, where
+            # `wait_for`'s task let every ready task run first — about 0.4 ms of a hand-off.)
+            async with asyncio.timeout(budget + self.timing.request_timeout):
+                await self._lock.acquire()
         except TimeoutError:
             # Demote all the same (/leader says 503 first); the lease then expires.
             leading = self._role is Role.LEADER
