@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.processes import rss_mib
+from benchmarks.processes import compile_bytecode, rss_mib
 from tests.fakekube import FakeKubeProcess
 
 NAMESPACE = "demo"
@@ -163,6 +163,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--nice", type=int, default=0)
     args = parser.parse_args()
+    compile_bytecode(args.tree.resolve())
     print(json.dumps(measure(args.tree.resolve(), args.starts, args.settle, args.nice), indent=2))
 
 

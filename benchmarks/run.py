@@ -29,7 +29,7 @@ import aiohttp
 
 from benchmarks import measures
 from benchmarks.measures import Pool
-from benchmarks.processes import AnchorProcess
+from benchmarks.processes import AnchorProcess, compile_bytecode
 from benchmarks.report import Cell, Row, table
 from benchmarks.systems import (
     KubeStore,
@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--stores", default="kubernetes,redis")
     parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
+    compile_bytecode()
     began = time.monotonic()
     text = main_async_result = asyncio.run(main_async(args))
     print()
