@@ -112,6 +112,7 @@ class CandidateBeat:
         on_change: Callable[[], None] = lambda: None,
         needs_list: Callable[[], bool] = lambda: True,
         count: Callable[[str, str, float], None] = lambda op, outcome, seconds: None,
+        versions_fresh_for: float = float("inf"),
     ) -> None:
         self.registry = registry
         # Whether the periodic beat also reads everyone's records (with one lease only the
@@ -122,6 +123,9 @@ class CandidateBeat:
         self.lease_duration = lease_duration
         self.interval = interval
         self.request_timeout = request_timeout
+        # How long after a read its versions stay young enough to hand a lease over by
+        # (`versions_fresh`).
+        self.versions_fresh_for = versions_fresh_for
         self._clock = clock
         self._on_change = on_change
         self._throttle = Throttle()
@@ -218,6 +222,21 @@ class CandidateBeat:
             self.registry.following()
             and self._applied >= self._noticed
             and self._clock.now() - self.listed_at < 1.5 * self.interval
+        )
+
+    def versions_fresh(self) -> bool:
+        """A hand-over may name the versions in the view: the successor leads on the grant
+        only if the beat that wrote that version is recent enough (`Timing.handed_reach`),
+        else it writes a grant of its own — a round trip and a term more. A stream that brings
+        every record (Kubernetes) keeps each version at most a beat old. A stream of notices
+        only (Redis, memory) tells joins, leaves and marks, not beats: the versions are those
+        of the last read, each written up to a beat before it, so once that read is
+        `versions_fresh_for` old a hand-over reads first (about a quarter of the hand-overs
+        fell back to a write before)."""
+        now = self._clock.now()
+        return (
+            now - self._streamed_at < 1.5 * self.interval
+            or now - self.listed_at < self.versions_fresh_for
         )
 
     def wake_follow(self) -> None:

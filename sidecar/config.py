@@ -463,6 +463,14 @@ class Timing:
         return self.request_timeout + CLOCK_DRIFT * self.lease_duration
 
     @property
+    def handed_reach(self) -> float:
+        """How old a candidate beat may be for a grant handed over by it to be led on: the
+        successor's lease counts from that beat, less the safety margin, and must leave its
+        first renewal a request timeout (`Elector._take_handed`); past it, the successor
+        takes the lease with a write of its own."""
+        return self.lease_duration - self.safety_margin - self.request_timeout
+
+    @property
     def max_renew_interval(self) -> float:
         """Longest renew interval that still leaves one interval of margin after a failed
         renewal: lease - safety margin >= 2 * renew interval."""

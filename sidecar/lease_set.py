@@ -152,6 +152,8 @@ class LeaseSet:
             clock=clock,
             on_change=lease_set._candidates_changed,
             needs_list=lambda: several or bool(lease_set.held()),
+            # A version read now was written up to a beat ago (every replica beats alike).
+            versions_fresh_for=timing.handed_reach - interval,
             count=lease_set.primary.metrics.store_request,
         )
         return lease_set
@@ -439,8 +441,9 @@ class LeaseSet:
         a moment before may miss the very replica the lease should go to (the rollout benchmark
         saw stale lists hand the lease to an old replica, or to one already gone). A view kept
         current by the group's change stream (Redis, Kubernetes) is used as it is; otherwise
-        one read, a round trip on the hand-over."""
-        if self.beat is not None and not self.beat.current():
+        one read, a round trip on the hand-over — also when the versions it names may be too
+        old for the successor to lead on (`CandidateBeat.versions_fresh`)."""
+        if self.beat is not None and not (self.beat.current() and self.beat.versions_fresh()):
             await self.beat.refresh(timeout)
 
     async def _transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:

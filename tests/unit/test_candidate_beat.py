@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from sidecar.backends.base import Candidate, StoreUnavailable
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.candidates import CandidateBeat, CandidateView
+from tests.support.clock import FakeClock
 
 A = Candidate("a_1", "v1")
 B = Candidate("b_1", "v1")
@@ -136,6 +137,46 @@ async def test_a_reported_change_keeps_the_view_not_current_until_a_later_read_a
         assert await beating
         assert beat.current()
         assert identities(beat) == {"a_1", "b_1"}
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_versions_from_a_read_grow_too_old_to_hand_a_lease_over_by() -> None:
+    """A stream of notices tells joins and leaves, not beats: the versions in the view are
+    those of the last read, and after `versions_fresh_for` a hand-over must read first (the
+    successor would find the beat it was chosen by too old and write a grant of its own). A
+    stream that brings every record keeps the versions fresh without a read."""
+    clock = FakeClock()
+    registry = Scripted()
+    beat = CandidateBeat(
+        registry,  # type: ignore[arg-type]
+        CandidateView(A, 30.0),
+        10.0,
+        5.0,
+        1.0,
+        clock=clock,
+        versions_fresh_for=2.0,
+    )
+    assert not beat.versions_fresh()  # never read
+    reading = asyncio.create_task(beat.refresh(1.0))
+    await until(lambda: registry.reads == 1)
+    await registry.answers.put([A, B])
+    assert await reading
+    assert beat.versions_fresh()
+    clock.advance(1.9)
+    assert beat.versions_fresh()
+    clock.advance(0.2)
+    assert not beat.versions_fresh()
+    following = asyncio.create_task(beat.follow())
+    try:
+        await until(registry.following)
+        await registry.notices.put([A, B])  # every record, as a Kubernetes watch brings them
+        await until(beat.versions_fresh)
+        clock.advance(7.0)  # the stream still counts as bringing every beat (1.5 intervals)
+        assert beat.versions_fresh()
+        clock.advance(1.0)
+        assert not beat.versions_fresh()
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)

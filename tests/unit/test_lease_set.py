@@ -347,6 +347,48 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
     assert took == ["handed"]
 
 
+async def test_a_hand_over_reads_first_when_the_versions_it_would_name_are_too_old(
+    cluster_of, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store whose stream tells joins and leaves but not beats (Redis; memory here): the
+    leader knows the successor's version from its last read. Named by a beat older than
+    `Timing.handed_reach`, the grant cannot be led on, and the successor wrote one of its own
+    (a round trip and a term more: one Redis hand-off in four at a 1 s lease). The leader now
+    reads first when its read is that old, and the successor leads on the grant it was
+    handed."""
+    cluster = cluster_of(1)
+    a = await cluster.start("a")
+    await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
+    await cluster.start("b")
+    assert a.beat is not None
+    a.beat.interval = 3600.0  # a reads the group no more on its own; b beats every half lease
+    await asyncio.sleep(0.5 + TIMING.handed_reach + 0.2)  # a's last read is older than that
+    assert a.beat.current()  # the stream has reported nothing a read since has not shown
+    assert not a.beat.versions_fresh()
+    reads = 0
+    read = a.beat.registry.list
+
+    async def counted() -> list[Candidate]:
+        nonlocal reads
+        reads += 1
+        return await read()
+
+    a.beat.registry.list = counted  # type: ignore[method-assign]
+    term = a.primary.status().term
+    caplog.set_level("INFO", logger="sidecar.elector")
+    await cluster.stop("a")
+    await cluster.until(lambda: cluster.held().get("b") == 1, 1, "b leads")
+    assert reads == 1
+    took = [
+        r.sidecar_fields["how"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() == "became leader" and r.sidecar_fields["identity"] == "b_0000"  # type: ignore[attr-defined]
+    ]
+    assert took == ["handed"]
+    assert cluster.sets["b"].primary.status().term == term + 1
+    assert cluster.violations == []
+
+
 async def test_a_replica_that_leaves_gives_back_a_lease_handed_to_it_too_late(
     cluster_of,
 ) -> None:
