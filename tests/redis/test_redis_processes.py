@@ -107,9 +107,10 @@ async def test_sigterm_of_the_leader_hands_off_in_a_fraction_of_a_second(
     server: RedisServer,
 ) -> None:
     """The hand-over is published; the successor leads on it (the next term), or, when the
-    candidate beat it was chosen by leaves too little of the lease (a 1 s lease here: beats
-    every half lease), takes it with a write of its own (the term after): either way within a
-    few round trips, not after a lease."""
+    candidate beat it was chosen by leaves too little of the lease, takes it with a write of
+    its own (the term after): either way within a few round trips, not after a lease. The
+    leader reads the group first when its versions may be that old (a 1 s lease here), so
+    only a beat late on a loaded machine leads to the second."""
     with sidecars(["a", "b", "c"], server.url) as procs:
         async with observing(procs) as observer:
             handover = await signal_leader(observer, procs, signal.SIGTERM, within=3)
