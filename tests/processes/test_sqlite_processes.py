@@ -160,6 +160,15 @@ async def test_a_wall_clock_jump_on_one_replica_does_not_expire_the_leaders_leas
             )
             procs.append(jumper)
             observer.watch(jumper)
+            # A running follower's clock jumps: once it has seen the lease. (A jump during its
+            # start-up once left its /leader unanswered under CI load; see the closing note of
+            # 2026-12-02.)
+            await observer.wait_for(
+                lambda s: (
+                    s.name == "jumper" and s.body is not None and s.body["holder"] == first.identity
+                ),
+                timeout=10,
+            )
             offset.write_text("+3600\n")
             jumped_at = time.time()
             # Several leases pass with the jumper's wall clock an hour ahead.
@@ -167,7 +176,11 @@ async def test_a_wall_clock_jump_on_one_replica_does_not_expire_the_leaders_leas
             jumper_answers = [s for s in observer.samples if s.name == "jumper" and s.body]
             assert jumper_answers, "the jumper never answered"
             assert not any(s.leader for s in jumper_answers)
-            assert all(s.body and s.body["holder"] == first.identity for s in jumper_answers[-5:])
+            last = jumper_answers[-5:]
+            assert all(s.body and s.body["holder"] == first.identity for s in last), (
+                [(round(s.sent - jumped_at, 3), s.body) for s in last],
+                jumper.raw[-15:],
+            )
             leader_answers = [
                 s for s in observer.samples if s.name == "leader" and s.sent >= first.sent
             ]
