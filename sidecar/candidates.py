@@ -171,7 +171,7 @@ class CandidateBeat:
         self.answered_at = self._clock.now()
         if not self._needs_list():
             return True
-        if self.current() and self._clock.now() - self._streamed_at < 1.5 * self.interval:
+        if self.current() and self._streams_records():
             # The stream brings every record, beats included (Kubernetes): nothing to read,
             # but the sidecar hears from the group every beat as it would from a read.
             self._on_change()
@@ -233,11 +233,13 @@ class CandidateBeat:
         of the last read, each written up to a beat before it, so once that read is
         `versions_fresh_for` old a hand-over reads first (about a quarter of the hand-overs
         fell back to a write before)."""
-        now = self._clock.now()
         return (
-            now - self._streamed_at < 1.5 * self.interval
-            or now - self.listed_at < self.versions_fresh_for
+            self._streams_records() or self._clock.now() - self.listed_at < self.versions_fresh_for
         )
+
+    def _streams_records(self) -> bool:
+        """The change stream brought every record within about a beat (Kubernetes)."""
+        return self._clock.now() - self._streamed_at < 1.5 * self.interval
 
     def wake_follow(self) -> None:
         """This replica's need for the group may have changed (it became or stopped being a

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from sidecar.backends.base import Candidate, StoreUnavailable
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.candidates import CandidateBeat, CandidateView
+from sidecar.clock import SYSTEM_CLOCK, Clock
 from tests.support.clock import FakeClock
 
 A = Candidate("a_1", "v1")
@@ -59,7 +60,13 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def beat_of(registry: object, needs_list: Callable[[], bool] = lambda: True) -> CandidateBeat:
+def beat_of(
+    registry: object,
+    needs_list: Callable[[], bool] = lambda: True,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    versions_fresh_for: float = float("inf"),
+) -> CandidateBeat:
     return CandidateBeat(
         registry,  # type: ignore[arg-type]
         CandidateView(A, 30.0),
@@ -67,6 +74,8 @@ def beat_of(registry: object, needs_list: Callable[[], bool] = lambda: True) -> 
         5.0,
         1.0,
         needs_list=needs_list,
+        versions_fresh_for=versions_fresh_for,
+        clock=clock,
     )
 
 
@@ -149,15 +158,7 @@ async def test_versions_from_a_read_grow_too_old_to_hand_a_lease_over_by() -> No
     stream that brings every record keeps the versions fresh without a read."""
     clock = FakeClock()
     registry = Scripted()
-    beat = CandidateBeat(
-        registry,  # type: ignore[arg-type]
-        CandidateView(A, 30.0),
-        10.0,
-        5.0,
-        1.0,
-        clock=clock,
-        versions_fresh_for=2.0,
-    )
+    beat = beat_of(registry, clock=clock, versions_fresh_for=2.0)
     assert not beat.versions_fresh()  # never read
     reading = asyncio.create_task(beat.refresh(1.0))
     await until(lambda: registry.reads == 1)

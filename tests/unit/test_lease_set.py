@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,6 +18,30 @@ from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.metrics import Metrics
 
 TIMING = Timing.build(1.0, 0.2, 0.2, 0.1)
+
+
+def count_reads(lease_set: LeaseSet) -> Callable[[], int]:
+    """From now on, count the reads of the candidate records ``lease_set`` makes."""
+    assert lease_set.beat is not None
+    read = lease_set.beat.registry.list
+    reads = 0
+
+    async def counted() -> list[Candidate]:
+        nonlocal reads
+        reads += 1
+        return await read()
+
+    lease_set.beat.registry.list = counted  # type: ignore[method-assign]
+    return lambda: reads
+
+
+def how_it_led(caplog: pytest.LogCaptureFixture, identity: str) -> list[str]:
+    """The ``how`` of each "became leader" line of ``identity`` (captured at INFO)."""
+    return [
+        r.sidecar_fields["how"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.getMessage() == "became leader" and r.sidecar_fields["identity"] == identity  # type: ignore[attr-defined]
+    ]
 
 
 class Cluster:
@@ -316,15 +340,7 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
     await cluster.start("old-b", revision="v1")
     await asyncio.sleep(0.01)
     assert old_a.beat.current() is follows
-    reads = 0
-    read = old_a.beat.registry.list
-
-    async def counted() -> list[Candidate]:
-        nonlocal reads
-        reads += 1
-        return await read()
-
-    old_a.beat.registry.list = counted  # type: ignore[method-assign]
+    reads = count_reads(old_a)
     caplog.set_level("INFO", logger="sidecar.leases")
     caplog.set_level("INFO", logger="sidecar.elector")
     await cluster.stop("old-a")
@@ -334,17 +350,12 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
         if r.getMessage() == "handing the leases over on shutdown"
     ]
     assert named == [["new-a_0000"]]
-    assert reads == (0 if follows else 1)
+    assert reads() == (0 if follows else 1)
     await cluster.until(lambda: cluster.held().get("new-a") == 1, 1, "new-a leads")
     assert cluster.held()["old-b"] == 0
     assert cluster.violations == []
     # One write: the hand-over granted new-a, which led on it without a write of its own.
-    took = [
-        r.sidecar_fields["how"]  # type: ignore[attr-defined]
-        for r in caplog.records
-        if r.getMessage() == "became leader" and r.sidecar_fields["identity"] == "new-a_0000"  # type: ignore[attr-defined]
-    ]
-    assert took == ["handed"]
+    assert how_it_led(caplog, "new-a_0000") == ["handed"]
 
 
 async def test_a_hand_over_reads_first_when_the_versions_it_would_name_are_too_old(
@@ -365,26 +376,13 @@ async def test_a_hand_over_reads_first_when_the_versions_it_would_name_are_too_o
     await asyncio.sleep(0.5 + TIMING.handed_reach + 0.2)  # a's last read is older than that
     assert a.beat.current()  # the stream has reported nothing a read since has not shown
     assert not a.beat.versions_fresh()
-    reads = 0
-    read = a.beat.registry.list
-
-    async def counted() -> list[Candidate]:
-        nonlocal reads
-        reads += 1
-        return await read()
-
-    a.beat.registry.list = counted  # type: ignore[method-assign]
+    reads = count_reads(a)
     term = a.primary.status().term
     caplog.set_level("INFO", logger="sidecar.elector")
     await cluster.stop("a")
     await cluster.until(lambda: cluster.held().get("b") == 1, 1, "b leads")
-    assert reads == 1
-    took = [
-        r.sidecar_fields["how"]  # type: ignore[attr-defined]
-        for r in caplog.records
-        if r.getMessage() == "became leader" and r.sidecar_fields["identity"] == "b_0000"  # type: ignore[attr-defined]
-    ]
-    assert took == ["handed"]
+    assert reads() == 1
+    assert how_it_led(caplog, "b_0000") == ["handed"]
     assert cluster.sets["b"].primary.status().term == term + 1
     assert cluster.violations == []
 
