@@ -129,7 +129,15 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The store could not be reached or did not answer in time; nothing is known."""
+    """The store could not be reached or did not answer in time; nothing is known.
+
+    ``retry_after``: seconds the store asked us to wait before the next request (an HTTP
+    ``Retry-After`` on a 429 or 5xx), or None. Every retry honours it where the caller's own
+    deadline allows (a renewal never waits past its deadline: rule 3)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class _WithRecord(StoreError):
