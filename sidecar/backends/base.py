@@ -41,6 +41,10 @@ information for humans; they never grant.
   store holds nothing, or a marker of a lower term.
 * Every version is new on every write and never comes back (a random token, or Kubernetes'
   resourceVersion), so "the same version" means "nothing was written in between".
+* A `StoreClient` that can renew many leases in one round trip also implements
+  `RenewsMany` (``renew_many``): each lease's outcome exactly as its own ``renew`` would
+  answer, in one request. A store without a multi-object write (Kubernetes) does not, and its
+  leases renew one request each.
 
 Every call either returns a `LeaseRecord` or raises one of the exceptions below; no call answers
 a bare ``False`` that throws the reason away. Calls may block for at most the store's request
@@ -50,7 +54,7 @@ timeout; the elector wraps each call in its own deadline as well.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -315,4 +319,68 @@ class StoreClient(Protocol):
 
     async def close(self) -> None:
         """Close connections, threads and shared watches."""
+        ...
+
+
+# -- many renewals in one round trip (issue 24) ----------------------------------------------
+
+MAX_BATCH = 1000
+"""The most renewals a caller puts in one `RenewsMany.renew_many` call (it splits larger sets)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renewal:
+    """One lease of a batch: the arguments of ``client.lease(name).renew(identity, term,
+    duration)``."""
+
+    name: str
+    """The lease's name, exactly as given to `StoreClient.lease`."""
+    identity: str
+    term: int
+    duration: float
+
+
+RenewalOutcome = LeaseRecord | StoreError
+"""One entry of `RenewsMany.renew_many`'s answer: the record, or the error, of that lease."""
+
+
+@runtime_checkable
+class RenewsMany(Protocol):
+    """A `StoreClient` that renews many of its leases in one conditional round trip.
+
+    ``renew_many(renewals)`` is ``renew`` for each entry, in one request to the store:
+
+    * **One step.** SQLite: one transaction. Redis: one script over every lease's keys.
+      PostgreSQL: one statement (e.g. ``UPDATE … FROM unnest(…)`` with the restore and the
+      read of what is there in CTEs). etcd: one ``Txn`` whose ``Then`` holds one nested
+      ``Txn`` per lease (etcd ≥ 3.3) — a flat ``Txn``'s compares are all-or-nothing, and the
+      entries must not be (below). A store that cannot do this does not implement the
+      protocol; the caller then renews each lease with its own request.
+    * **Each entry exactly as its own ``renew``** would have answered at that moment, checked
+      and written atomically at the store per lease (rule 1): the renewed record (a new
+      version, ``handed`` cleared, holder and term kept); or the grant *put back* where the
+      store lost it (`lost_grant`: no record, a lower term, or a loss marker of that term),
+      with the store's term raised to it; or a `NotOwned` carrying the record found (another
+      holder, a later term, a release), nothing written for that lease; or `Conflict` where
+      that lease's compare-and-swap lost a race; or a `StoreUnavailable` for that lease alone
+      (a value in its key the store cannot decode). Errors are *returned* in the entry's
+      place, never raised.
+    * **Independent entries.** One lease's outcome never changes another's: a lease taken
+      over, released or unreadable does not stop the others from renewing (no
+      all-or-nothing), and the answer has one entry per renewal, in the same order.
+    * **Seen like single renewals.** Every renewed lease's watch reports its new version
+      (published, polled, streamed) as it would after ``renew``, so followers time it (rule 2).
+    * **Raises `StoreUnavailable`** — and nothing else — when nothing is known about any
+      entry: not sent, no answer, the store's request timeout passed, the Sentinels switched
+      master during the request, or (Redis ``--redis-min-replicas``) ``WAIT`` counted too few
+      replicas, so that none of the batch's writes counts (as for one renewal). The caller
+      times each lease's deadline from when it *sent* the batch (rule 3) and applies no
+      answer that arrives after a lease's deadline.
+    * ``renewals`` names each lease at most once (the caller makes sure) and holds at most
+      `MAX_BATCH` entries; an empty batch answers ``[]`` without a request. Blocks for at most
+      the store's request timeout, like any call.
+    """
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """Renew every lease of ``renewals`` in one request (see the class)."""
         ...

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from sidecar.backends.base import (
     Candidate,
     LeaseHeld,
     LeaseRecord,
     NotOwned,
+    Renewal,
+    RenewalOutcome,
     lost_grant,
     room_for_marker,
 )
@@ -117,20 +119,7 @@ class MemoryLeaseStore:
         return record
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
-        state = self.state
-        row = state.row
-        wall = state.clock.wall()
-        if lost_grant(state.record(), term):
-            # The store lost our grant: put it back, term and all (see the contract).
-            state.row = _Row(identity, term, duration, state.next_version(), False, wall, wall)
-            return self._changed()
-        if row.holder != identity or row.term != term:
-            raise NotOwned(f"not held by {identity} with term {term}", state.record())
-        row.duration = duration
-        row.renewed_at = wall
-        row.version = state.next_version()
-        row.handed = None
-        return self._changed()
+        return renew_now(self.state, identity, term, duration)
 
     async def release(
         self, identity: str, term: int, *, successor: str | None = None
@@ -194,6 +183,27 @@ class MemoryLeaseStore:
         return None
 
 
+def renew_now(state: MemoryLeaseState, identity: str, term: int, duration: float) -> LeaseRecord:
+    """`MemoryLeaseStore.renew`, atomic since it never awaits; `MemoryStoreClient.renew_many`
+    runs it for every lease of a batch."""
+    row = state.row
+    wall = state.clock.wall()
+    if lost_grant(state.record(), term):
+        # The store lost our grant: put it back, term and all (see the contract).
+        state.row = _Row(identity, term, duration, state.next_version(), False, wall, wall)
+    elif row is None or row.holder != identity or row.term != term:
+        raise NotOwned(f"not held by {identity} with term {term}", state.record())
+    else:
+        row.duration = duration
+        row.renewed_at = wall
+        row.version = state.next_version()
+        row.handed = None
+    state.notify()
+    record = state.record()
+    assert record is not None
+    return record
+
+
 class MemoryServer:
     """Many leases and candidate groups in one process: what a `MemoryStoreClient` talks to."""
 
@@ -203,6 +213,7 @@ class MemoryServer:
         self.groups: dict[str, dict[str, Candidate]] = {}
         self.followers: dict[str, set[asyncio.Queue[None]]] = {}  # per group: `changes` runs
         self._beats = 0
+        self.batches = 0  # `renew_many` calls, for tests that count requests
 
     def state(self, name: str) -> MemoryLeaseState:
         if name not in self.leases:
@@ -278,6 +289,20 @@ class MemoryStoreClient:
 
     def candidates(self, group: str) -> MemoryCandidates:
         return MemoryCandidates(self.server, group)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """Every renewal in one step (nothing awaits in between): `RenewsMany`."""
+        if not renewals:
+            return []
+        self.server.batches += 1
+        outcomes: list[RenewalOutcome] = []
+        for renewal in renewals:
+            state = self.server.state(renewal.name)
+            try:
+                outcomes.append(renew_now(state, renewal.identity, renewal.term, renewal.duration))
+            except NotOwned as refused:
+                outcomes.append(refused)
+        return outcomes
 
     async def close(self) -> None:
         return None

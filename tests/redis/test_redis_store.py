@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreUnavailable
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, Renewal, StoreUnavailable
 from sidecar.backends.redis import RedisLeaseStore, lease_keys
 from tests.redis.conftest import StoreFactory
 from tests.redis.servers import RedisServer, wait_until
@@ -214,6 +214,34 @@ async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
         await store.read()
     with pytest.raises(StoreUnavailable, match="something else writes to this key"):
         await store.try_acquire("a_1", 5.0, 0, expected=None)
+
+
+async def test_a_foreign_value_fails_only_its_own_lease_in_a_batch(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """A partial failure is per lease: the lease whose key holds something else answers
+    unavailability naming the key, and the others in the same script renew."""
+    store = make_store(server.url)
+    others = [make_store(server.url, lease=name) for name in ("u", "v")]
+    grants = [await o.try_acquire("a_1", 5.0, 0, expected=None) for o in others]
+    with server.client() as client:
+        client.set(HOLDER, "not json")
+    outcomes = await store.client.renew_many(
+        [
+            Renewal("u", "a_1", grants[0].term, 5.0),
+            Renewal("t", "a_1", 1, 5.0),
+            Renewal("v", "a_1", grants[1].term, 5.0),
+        ]
+    )
+    assert isinstance(outcomes[1], StoreUnavailable)
+    assert "something else writes to this key" in str(outcomes[1])
+    assert HOLDER in str(outcomes[1])
+    for outcome, grant in zip((outcomes[0], outcomes[2]), grants, strict=True):
+        assert isinstance(outcome, LeaseRecord)
+        assert (outcome.holder, outcome.term) == ("a_1", grant.term)
+        assert outcome.version != grant.version
+    with server.client() as client:
+        assert client.get(HOLDER) == "not json"
 
 
 async def test_a_version_seen_before_the_connection_failed_is_no_basis_for_a_grant(
@@ -457,6 +485,25 @@ async def test_with_min_replicas_and_the_replica_stopped_renew_fails_closed(
     assert renewed.term == granted.term
 
 
+async def test_with_min_replicas_and_the_replica_stopped_a_batch_fails_closed(
+    server: RedisServer, replica: RedisServer, make_store: StoreFactory
+) -> None:
+    """A batch's renewals count only once a replica has them, all of them: too few
+    acknowledgements and the whole batch is unavailability, so no lease's deadline moves."""
+    store = make_store(server.url, min_replicas=1, request_timeout=0.4)
+    other = make_store(server.url, lease="u", min_replicas=1, request_timeout=0.4)
+    grants = [await s.try_acquire("a_1", 5.0, 0, expected=None) for s in (store, other)]
+    batch = [Renewal(name, "a_1", g.term, 5.0) for name, g in zip("tu", grants, strict=True)]
+    replica.pause()
+    try:
+        with pytest.raises(StoreUnavailable, match=r"only 0 of 1 replica.*batch of 2"):
+            await store.client.renew_many(batch)
+    finally:
+        replica.resume()
+    outcomes = await store.client.renew_many(batch)
+    assert [o.term for o in outcomes if isinstance(o, LeaseRecord)] == [g.term for g in grants]
+
+
 async def test_wait_counts_the_writes_of_the_request_itself(
     server: RedisServer, replica: RedisServer, make_store: StoreFactory
 ) -> None:
@@ -502,6 +549,8 @@ async def test_the_documented_acl_is_enough_for_every_operation(
             assert await asyncio.wait_for(seen.get(), 2) is None
             granted = await store.try_acquire("a_1", 5.0, 0, expected=None)
             await store.renew("a_1", granted.term, 5.0)
+            (renewed,) = await store.client.renew_many([Renewal("t", "a_1", granted.term, 5.0)])
+            assert isinstance(renewed, LeaseRecord)
             await store.release("a_1", granted.term)
             released = await next_matching(seen, lambda r: r is not None and r.free, 2)
             assert released is not None

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.asyncio import Redis
@@ -19,7 +19,14 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
+from sidecar.backends.base import (
+    LeaseRecord,
+    NotOwned,
+    Renewal,
+    RenewalOutcome,
+    StoreError,
+    StoreUnavailable,
+)
 from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
 from sidecar.backends.redis.scripts import (
@@ -31,6 +38,9 @@ from sidecar.backends.redis.scripts import (
     READ,
     RELEASE,
     RENEW,
+    RENEW_MANY,
+    lease_keys,
+    reply_record,
 )
 from sidecar.backends.redis.sentinel import follow_sentinels
 from sidecar.backends.redis.target import RedisTarget, join_host
@@ -91,6 +101,7 @@ class RedisStoreClient:
         # (a restarted server, a new master after failover).
         self.acquire_script = self.redis.register_script(ACQUIRE)
         self.renew_script = self.redis.register_script(RENEW)
+        self.renew_many_script = self.redis.register_script(RENEW_MANY)
         self.release_script = self.redis.register_script(RELEASE)
         self.hand_over_script = self.redis.register_script(HAND_OVER)
         self.read_script = self.redis.register_script(READ)
@@ -316,6 +327,64 @@ class RedisStoreClient:
         from sidecar.backends.redis.candidates import RedisCandidates
 
         return RedisCandidates(self, group)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """`RenewsMany`: one script renews every lease (`scripts.RENEW_MANY`), then, with
+        ``min_replicas``, one ``WAIT`` for all of them — too few replicas and none counts."""
+        from sidecar.backends.redis.store import RedisLease
+
+        if not renewals:
+            return []
+        wall = self.clock.wall().isoformat()
+        keys: list[str] = []
+        args: list[str | int] = [wall, len(renewals)]
+        for r in renewals:
+            holder_key, term_key, channel = lease_keys(r.name)
+            keys += [holder_key, term_key]
+            args += [
+                r.identity, r.term, ms(r.duration), channel, new_version(),
+                ms(max(RedisLease.GC_MIN, RedisLease.GC_LEASES * r.duration)),
+            ]  # fmt: skip
+
+        async def work() -> list[RenewalOutcome]:
+            async with self.borrowed() as conn:
+                generation = self.master_generation
+                reply = await self.renew_many_script(keys=keys, args=args, client=conn)
+                self.check_same_master(generation)
+                if self.min_replicas:
+                    await self._confirm_batch(conn, len(renewals))
+            return [self._outcome(r, reply[3 * i : 3 * i + 3]) for i, r in enumerate(renewals)]
+
+        return await self.guarded(work, "the leases' holder keys")
+
+    def _outcome(self, renewal: Renewal, reply: list[Any]) -> RenewalOutcome:
+        if int(reply[0]) == -1:  # this lease's value could not be decoded
+            holder_key = lease_keys(renewal.name)[0]
+            return self.fail(
+                "error",
+                f"unexpected value in {holder_key} ({reply[1]}); something else writes to this key",
+            )
+        try:
+            record = self.tagged(reply_record(reply))
+        except (ValueError, KeyError, TypeError) as exc:
+            return self.unavailable(exc, lease_keys(renewal.name)[0])
+        if int(reply[0]) == 1:
+            assert record is not None
+            return record
+        return NotOwned(f"not held by {renewal.identity} with term {renewal.term}", record)
+
+    async def _confirm_batch(self, conn: Redis, count: int) -> None:
+        """``WAIT min_replicas`` after a batch of renewals: as for one renewal, too few
+        acknowledgements and none of them counts (fail closed)."""
+        acked = int(await conn.wait(self.min_replicas, max(1, ms(self.wait_timeout))))
+        if acked < self.min_replicas:
+            raise self.fail(
+                "warning",
+                f"only {acked} of {self.min_replicas} replica(s) acknowledged a batch of {count} "
+                f"renewal(s) within {self.wait_timeout:g}s (--redis-min-replicas); they do not "
+                "count",
+                kind="too few replicas acknowledged",
+            )
 
     async def close(self) -> None:
         await self.hub.close()

@@ -89,46 +89,84 @@ return {1, value, counted}
 """
 )
 
-# Renew (or put back).
-# KEYS[1] holder key, KEYS[2] term counter.
-# ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time, ARGV[5] event
-# channel, ARGV[6] the new version, ARGV[7] the key's GC TTL in ms.
+# Renew (or put back), as a function both renewal scripts call: one lease, its holder key
+# `hkey` and term counter `tkey`; the caller's identity, term, lease in ms, wall time, event
+# channel, the new version and the key's GC TTL in ms.
 # Renews while the key holds this identity AND this term. If the key is gone, or holds an
 # older term, and the counter shows no later grant, the store lost our grant: put it back and
 # raise the counter to it. Anything else (a later grant, a release) changes nothing.
 # Publishes every write, so followers see each new version at once.
-# Returns {1, new value, counter} or {0, current value | nil, counter | nil}.
-RENEW = """
-local current = redis.call('GET', KEYS[1])
-local counter = redis.call('GET', KEYS[2])
-local term = tonumber(ARGV[2])
-local value
-if current then
-  local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == term then
-    held.duration_ms = tonumber(ARGV[3])
-    held.renewed_at = ARGV[4]
-    held.version = ARGV[6]
-    held.handed = nil
-    value = cjson.encode(held)
-  elseif held.term >= term then
-    return {0, current, counter}
+# Returns {1, new value, counter} or {0, current value | false, counter | false}.
+_RENEW_ONE = """
+local function renew_one(hkey, tkey, identity, term, duration_ms, wall, channel, version, gc_ms)
+  local current = redis.call('GET', hkey)
+  local counter = redis.call('GET', tkey)
+  local value
+  if current then
+    local held = cjson.decode(current)
+    if held.holder == identity and held.term == term then
+      held.duration_ms = duration_ms
+      held.renewed_at = wall
+      held.version = version
+      held.handed = nil
+      value = cjson.encode(held)
+    elseif held.term >= term then
+      return {0, current, counter}
+    end
   end
-end
-if not value then
-  if tonumber(counter or '0') > term then
-    return {0, current, counter}
+  if not value then
+    if tonumber(counter or '0') > term then
+      return {0, current, counter}
+    end
+    counter = string.format('%d', term)
+    redis.call('SET', tkey, counter)
+    value = cjson.encode({holder = identity, term = term, duration_ms = duration_ms,
+                          version = version, acquired_at = wall, renewed_at = wall,
+                          restored = true})
   end
-  counter = string.format('%d', term)
-  redis.call('SET', KEYS[2], counter)
-  value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[3]),
-                        version = ARGV[6], acquired_at = ARGV[4], renewed_at = ARGV[4],
-                        restored = true})
+  redis.call('SET', hkey, value, 'PX', gc_ms)
+  redis.call('PUBLISH', channel, value)
+  return {1, value, counter}
 end
-redis.call('SET', KEYS[1], value, 'PX', ARGV[7])
-redis.call('PUBLISH', ARGV[5], value)
-return {1, value, counter}
 """
+
+# Renew one lease.
+# KEYS[1] holder key, KEYS[2] term counter.
+# ARGV[1] identity, ARGV[2] term, ARGV[3] lease in ms, ARGV[4] wall time, ARGV[5] event
+# channel, ARGV[6] the new version, ARGV[7] the key's GC TTL in ms.
+# Returns what `renew_one` returns.
+RENEW = (
+    _RENEW_ONE
+    + """
+return renew_one(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
+                 ARGV[5], ARGV[6], ARGV[7])
+"""
+)
+
+# Renew many leases in one script (`RenewsMany`): lease i (from 0) has KEYS[2i+1] (holder
+# key) and KEYS[2i+2] (term counter), and ARGV[6i+3 .. 6i+8]: identity, term, lease in ms,
+# event channel, the new version, the key's GC TTL in ms. ARGV[1] wall time, ARGV[2] the number
+# of leases. Each lease exactly as RENEW, independently: one whose value cannot be decoded
+# answers {-1, the error, false} and the others go on (its own writes come after the decode,
+# so it wrote nothing).
+# Returns every lease's three fields, flat and in order.
+RENEW_MANY = (
+    _RENEW_ONE
+    + """
+local replies = {}
+for i = 0, tonumber(ARGV[2]) - 1 do
+  local a = 6 * i + 2
+  local ok, reply = pcall(renew_one, KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[a + 1],
+                          tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[1], ARGV[a + 4],
+                          ARGV[a + 5], ARGV[a + 6])
+  if not ok then reply = {-1, tostring(reply), false} end
+  replies[3 * i + 1] = reply[1]
+  replies[3 * i + 2] = reply[2]
+  replies[3 * i + 3] = reply[3]
+end
+return replies
+"""
+)
 
 # Hand over: a release that grants the lease to the successor in the same write.
 # KEYS[1] holder key, KEYS[2] term counter.

@@ -3,11 +3,22 @@ candidate group a sidecar keeps in one SQLite file."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
+from sidecar.backends.base import NotOwned, Renewal, RenewalOutcome, lost_grant
 from sidecar.backends.sqlite.candidates import SQLiteCandidates
 from sidecar.backends.sqlite.connection import Connection
 from sidecar.backends.sqlite.lease import SQLiteLease
+from sidecar.backends.sqlite.schema import (
+    READ_MANY,
+    RENEW_MANY,
+    RESTORE,
+    lease_record,
+    transaction,
+)
 from sidecar.backends.sqlite.watch import WatchHub
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
@@ -45,6 +56,42 @@ class SQLiteStoreClient:
     def candidates(self, group: str) -> SQLiteCandidates:
         return SQLiteCandidates(self, group)
 
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """Every renewal in one transaction (`RenewsMany`): one statement renews the leases
+        still ours; the others are read, and put back where the store lost them."""
+        if not renewals:
+            return []
+        wall = self.clock.wall().isoformat()
+        batch = json.dumps([[r.name, r.identity, r.term, r.duration] for r in renewals])
+
+        def renew(conn: sqlite3.Connection) -> list[RenewalOutcome]:
+            with transaction(conn):
+                params = {"batch": batch, "boot_id": self.boot_id, "wall": wall}
+                renewed = {row[0]: row[1:] for row in conn.execute(RENEW_MANY, params)}
+                missed = [r.name for r in renewals if r.name not in renewed]
+                found = {}
+                if missed:
+                    rows = conn.execute(READ_MANY, {"names": json.dumps(missed)})
+                    found = {row[0]: lease_record(row[1:]) for row in rows}
+                outcomes: list[RenewalOutcome] = []
+                for r in renewals:
+                    if r.name in renewed:
+                        outcomes.append(_record(renewed[r.name]))
+                        continue
+                    current = found.get(r.name)
+                    if lost_grant(current, r.term):
+                        restore = {
+                            "name": r.name, "holder": r.identity, "term": r.term,
+                            "duration": r.duration, "boot_id": self.boot_id, "wall": wall,
+                        }  # fmt: skip
+                        outcomes.append(_record(conn.execute(RESTORE, restore).fetchone()))
+                    else:
+                        message = f"not held by {r.identity} with term {r.term}"
+                        outcomes.append(NotOwned(message, current))
+            return outcomes
+
+        return await self.connection.run(renew, writes=True, urgent=True)
+
     async def close(self) -> None:
         await self.hub.close()
         await self.connection.close()
@@ -71,3 +118,9 @@ class SQLiteLeaseStore(SQLiteLease):
     async def close(self) -> None:
         await super().close()
         await self.client.close()
+
+
+def _record(row: Sequence[object]) -> RenewalOutcome:
+    record = lease_record(row)
+    assert record is not None
+    return record

@@ -83,6 +83,21 @@ WHERE name = :name AND holder = :holder AND term = :term
 RETURNING {COLUMNS}
 """
 
+# Many renewals in one statement (`RenewsMany`): ``:batch`` is a JSON array of
+# ``[name, holder, term, duration]``, one per lease; each row is renewed under exactly RENEW's
+# condition, independently of the others. The leases it did not renew are then read (and put
+# back, where the store lost them) in the same transaction.
+RENEW_MANY = f"""
+UPDATE leases
+SET expires_at = boottime() + batch.duration, duration = batch.duration,
+    version = {NEW_VERSION}, boot_id = :boot_id, renewed_at = :wall, handed = NULL
+FROM (SELECT json_extract(value, '$[0]') AS name, json_extract(value, '$[1]') AS holder,
+             json_extract(value, '$[2]') AS term, json_extract(value, '$[3]') AS duration
+      FROM json_each(:batch)) AS batch
+WHERE leases.name = batch.name AND leases.holder = batch.holder AND leases.term = batch.term
+RETURNING name, {COLUMNS}
+"""
+
 # The row is gone, or rewound to an older term (a file restored from a backup): put our grant
 # back. Only ever run after reading, under the same write lock, that this is the case.
 RESTORE = f"""
