@@ -22,11 +22,13 @@ from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.logs import Throttle, log
 from sidecar.release_guard import release_refusal
+from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.api")
 
 LEASES = web.AppKey("leases", LeaseSet)
-ELECTION_ALIVE: web.AppKey[Callable[[], bool]] = web.AppKey("election_alive")
+HEALTH: web.AppKey[Callable[[], dict[str, str]]] = web.AppKey("health")
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
 CHANGES = web.AppKey("changes", ChangeFeed)
 LONG_POLLS = web.AppKey("long_polls", Slots)
 EVENT_STREAMS = web.AppKey("event_streams", Slots)
@@ -293,10 +295,24 @@ async def post_transfer(request: web.Request) -> web.Response:
 
 
 async def get_healthz(request: web.Request) -> web.Response:
-    """Alive: this answer proves the event loop runs; the election task must run too."""
-    if request.app[ELECTION_ALIVE]():
+    """Alive: this answer proves the listeners' loop runs; the election task must run too,
+    and no background task may be down (waiting to be restarted after a failure: see
+    `sidecar.supervisor`). ``503`` names what is down, so the kubelet restarts a sidecar
+    whose task keeps failing."""
+    down = request.app[HEALTH]()
+    if not down:
         return web.json_response({"ok": True})
-    return web.json_response({"ok": False, "error": "the election task has stopped"}, status=503)
+    scrub = request.app[SCRUB]
+    names = ", ".join(sorted(down))
+    return web.json_response(
+        {
+            "ok": False,
+            "error": f"down: {names}",
+            "down": {name: scrub(error) for name, error in sorted(down.items())},
+        },
+        status=503,
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def get_readyz(request: web.Request) -> web.Response:
@@ -317,13 +333,17 @@ async def get_readyz(request: web.Request) -> web.Response:
 
 
 def _base_app(
-    leases: Elector | LeaseSet, limits: Limits, scrub: Callable[[str], str]
+    leases: Elector | LeaseSet,
+    limits: Limits,
+    scrub: Callable[[str], str],
+    supervisor: Supervisor | None,
 ) -> web.Application:
     """What both listeners share: the leases, the change feed and the waiter limits."""
     if isinstance(leases, Elector):
         leases = LeaseSet.single(leases)
     app = web.Application()
     app[LEASES] = leases
+    app[SUPERVISOR] = supervisor or leases.supervisor
     app[CHANGES] = ChangeFeed(leases)
     app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)
     app[EVENT_STREAMS] = Slots("event streams", limits.max_event_streams)
@@ -333,7 +353,7 @@ def _base_app(
 
 
 async def _follow_changes(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[CHANGES].follow(), name="change-feed")
+    task = app[SUPERVISOR].spawn("change-feed", app[CHANGES].follow)
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -348,9 +368,10 @@ def create_local_app(
     elector: Elector | LeaseSet,
     limits: Limits = DEFAULT_LIMITS,
     scrub: Callable[[str], str] = _unchanged,
+    supervisor: Supervisor | None = None,
 ) -> web.Application:
     """The localhost listener: the app's view, including ``POST /leader/release``."""
-    app = _base_app(elector, limits, scrub)
+    app = _base_app(elector, limits, scrub, supervisor)
     app.router.add_get("/leader", get_leader)
     app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)
@@ -364,13 +385,15 @@ def create_local_app(
 def create_public_app(
     elector: Elector | LeaseSet,
     registry: CollectorRegistry,
-    election_alive: Callable[[], bool],
+    health: Callable[[], dict[str, str]],
     limits: Limits = DEFAULT_LIMITS,
     scrub: Callable[[str], str] = _unchanged,
+    supervisor: Supervisor | None = None,
 ) -> web.Application:
-    """The public listener: metrics, probes and a read-only ``/leader``."""
-    app = _base_app(elector, limits, scrub)
-    app[ELECTION_ALIVE] = election_alive
+    """The public listener: metrics, probes and read-only views of the leases. ``health``:
+    what is down now (name → why; empty when healthy), for ``/healthz``."""
+    app = _base_app(elector, limits, scrub, supervisor)
+    app[HEALTH] = health
     app.router.add_get("/leader", get_leader)
     app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)

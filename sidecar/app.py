@@ -25,6 +25,7 @@ from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import Metrics
+from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar")
 
@@ -47,6 +48,9 @@ class Sidecar:
         self.config = config
         self.scrub = scrub  # removes secrets from text the API shows (store errors)
         self.registry = registry or CollectorRegistry()
+        # Every background task, the listeners' change feeds included: restarted when it
+        # fails, and named by /healthz while it waits to be.
+        self.supervisor = Supervisor(self.registry)
         timing = config.timing
 
         def metrics(lease: str) -> Metrics:
@@ -61,10 +65,13 @@ class Sidecar:
                 config.lease_ref,
                 metrics=metrics(config.lease_ref),
                 clock=clock,
+                supervisor=self.supervisor,
             )
-            self.leases = LeaseSet.single(elector)
+            self.leases = LeaseSet(
+                {elector.lease: elector}, clock=clock, supervisor=self.supervisor
+            )
         else:
-            self.client = client or open_client(config)
+            self.client = client or open_client(config, self.supervisor)
             self.leases = LeaseSet.open(
                 self.client,
                 [(name, config.ref(name)) for name in config.lease_names],
@@ -76,6 +83,7 @@ class Sidecar:
                 priority=config.priority,
                 stand_back=config.stand_back,
                 clock=clock,
+                supervisor=self.supervisor,
             )
         self.elector = self.leases.primary  # the first lease: `GET /leader` when it is the only
         self.store = self.elector.store
@@ -134,6 +142,11 @@ class Sidecar:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _supervise(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        task = self.supervisor.spawn(name, work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def state(self) -> dict[str, Any]:
         """What SIGUSR1 logs: leadership as ``GET /leader`` answers it, and per listener how
         much of each limit is in use and how much was refused."""
@@ -153,6 +166,14 @@ class Sidecar:
 
     def election_alive(self) -> bool:
         return self._election is not None and not self._election.done()
+
+    def health(self) -> dict[str, str]:
+        """What ``/healthz`` reports as down: the election task if it ended, and every
+        background task waiting to be restarted (`Supervisor.down`), each with its error."""
+        down = self.supervisor.down()
+        if not self.election_alive():
+            down = {"election": "the election task has stopped", **down}
+        return down
 
     async def start(self) -> None:
         log(
@@ -180,9 +201,9 @@ class Sidecar:
                 max_connections=limits.max_connections,
                 missing_files=shortfall,
             )
-        local = create_local_app(self.leases, limits, self.scrub)
+        local = create_local_app(self.leases, limits, self.scrub, self.supervisor)
         public = create_public_app(
-            self.leases, self.registry, self.election_alive, limits, self.scrub
+            self.leases, self.registry, self.health, limits, self.scrub, self.supervisor
         )
         self.api_thread = ApiThread()
         for name, app, where in (
@@ -195,7 +216,7 @@ class Sidecar:
             log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
         await self.leases.prime(self.config.timing.request_timeout)
         self._election = asyncio.create_task(self.leases.run(), name="election")
-        self._spawn(self.actions.run(), "demotion-actions")
+        self._supervise("demotion-actions", self.actions.run)
         # Everything start-up made (the imported modules are most of it) moves out of the
         # collector's reach: a full collection then walks only what was made since. Walking it
         # all took 20-50 ms, which landed on hand-offs and renewals (docs/benchmarks.md).

@@ -267,12 +267,16 @@ class CandidateBeat:
                 stream.cancel()
                 await asyncio.gather(stream, return_exceptions=True)
             if stream.done() and not stream.cancelled():
+                if stream.exception() is not None:
+                    raise stream.exception()  # type: ignore[misc]  # (a bug: restarted)
                 return  # the store cannot follow its group
 
     async def _follow_stream(self) -> None:
         reader = asyncio.create_task(self._read_notices(), name="candidates-read")
         try:
             async for notice in self.registry.changes():
+                if reader.done():
+                    reader.result()  # the reader failed (a bug): fail the stream with it
                 number = self._next_number()
                 if notice is None:
                     self._noticed = number

@@ -24,16 +24,24 @@ class ChangeFeed:
         self._leases = leases
         self._etags = [status.etag for status in leases.statuses()]
         self._changed = asyncio.Event()
+        self._poked: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        for elector in leases.electors.values():
+            elector.on_change(self._poke)
+
+    def _poke(self) -> None:
+        """An elector's state changed (called on the election's thread)."""
+        poked = self._poked
+        if poked is not None:
+            loop, event = poked
+            loop.call_soon_threadsafe(event.set)
 
     async def follow(self) -> None:
         """Run until cancelled: the only task that wakes for the electors. It runs on the
         listener's loop, which need not be the election's (see `sidecar.api_thread`): each
         elector pokes it thread-safely on every change, and it times the leaders' deadlines
         itself, since a deadline passes without any election activity."""
-        loop = asyncio.get_running_loop()
         poked = asyncio.Event()
-        for elector in self._leases.electors.values():
-            elector.on_change(lambda: loop.call_soon_threadsafe(poked.set))
+        self._poked = (asyncio.get_running_loop(), poked)
         while True:
             poked.clear()  # before reading: a change after this read pokes again
             statuses = self._leases.statuses()

@@ -50,6 +50,7 @@ from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
+from sidecar.supervisor import Supervisor
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")
@@ -139,6 +140,7 @@ class Elector:
         gate: Callable[[Elector, Attempt], float] | None = None,
         acquire_slots: contextlib.AbstractAsyncContextManager[Any] | None = None,
         beat_sent_at: Callable[[str], float | None] | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.store = store
         self.timing = timing
@@ -165,6 +167,7 @@ class Elector:
         # forgotten): what a grant handed to us by that version counts from. None: no beat,
         # so a grant handed to us is taken back with a write, like any record in our name.
         self._beat_sent_at = beat_sent_at
+        self._supervisor = supervisor or Supervisor()  # restarts the watch follower
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
@@ -281,7 +284,7 @@ class Elector:
     async def run(self) -> None:
         """Acquire, renew and follow the watch until cancelled."""
         self._loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(self._follow_watch(), name="lease-watch")
+        watch = self._supervisor.spawn("lease-watch", self._follow_watch)
         try:
             while not self._stopping:
                 self._wake.clear()
@@ -829,15 +832,13 @@ class Elector:
     # -- the watch ----------------------------------------------------------------------
 
     async def _follow_watch(self) -> None:
-        """Stores reconnect their watch themselves; this guards against a bug in one, since
-        without a watch followers still take over at the observed expiry, only slower."""
-        while not self._stopping:
-            try:
-                async for record in self.store.watch():
-                    self.on_watch(record)
-            except Exception:
-                logger.exception("the lease watch failed; restarting it")
-            await asyncio.sleep(self.timing.retry_period)
+        """Stores reconnect their watch themselves and never end it. One that fails or ends
+        anyway (a bug) is restarted by the supervisor after a back-off: without a watch
+        followers still take over at the observed expiry, only slower."""
+        async for record in self.store.watch():
+            self.on_watch(record)
+        if not self._stopping:
+            raise RuntimeError(f"the watch of {self.store.description} ended")
 
     def on_watch(self, record: LeaseRecord | None) -> None:
         """React to a change seen by the store's watch, without a store call."""

@@ -27,6 +27,7 @@ from sidecar.elector import Elector, LeaderStatus, on_loop
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
+from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.leases")
 
@@ -75,8 +76,10 @@ class LeaseSet:
         client: StoreClient | None = None,
         beat: CandidateBeat | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.electors = electors
+        self.supervisor = supervisor or Supervisor()  # restarts the beat and the balancer
         self.client = client
         self.beat = beat
         self._clock = clock
@@ -111,6 +114,7 @@ class LeaseSet:
         stand_back: float = 0.0,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
+        supervisor: Supervisor | None = None,
     ) -> LeaseSet:
         """``names``: (store name, name users see — ``namespace/name`` on Kubernetes)."""
         names = list(names)
@@ -124,7 +128,7 @@ class LeaseSet:
         alive_for = timing.lease_duration if several else 1.5 * timing.lease_duration
         view = CandidateView(me, alive_for)
         electors: dict[str, Elector] = {}
-        lease_set = cls(electors, client=client, clock=clock)
+        lease_set = cls(electors, client=client, clock=clock, supervisor=supervisor)
         lease_set.stand_back = stand_back
         slots = lease_set.slots
         for name, shown in names:
@@ -141,6 +145,7 @@ class LeaseSet:
                 gate=lease_set._gate,
                 acquire_slots=slots,
                 beat_sent_at=lease_set._beat_sent_at,
+                supervisor=lease_set.supervisor,
             )
             electors[shown].on_change(lease_set._note_change)
         lease_set.beat = CandidateBeat(
@@ -223,10 +228,10 @@ class LeaseSet:
         ]
         helpers = []
         if self.beat is not None:
-            helpers.append(asyncio.create_task(self.beat.run(), name="candidates"))
-            helpers.append(asyncio.create_task(self.beat.follow(), name="candidates-follow"))
+            helpers.append(self.supervisor.spawn("candidates", self.beat.run))
+            helpers.append(self.supervisor.spawn("candidates-follow", self.beat.follow))
             if len(self.electors) > 1:
-                helpers.append(asyncio.create_task(self._balance(), name="balance"))
+                helpers.append(self.supervisor.spawn("balance", self._balance))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:

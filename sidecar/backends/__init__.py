@@ -8,24 +8,29 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sidecar.backends.base import LeaseStore, StoreClient
     from sidecar.config import Config
+    from sidecar.supervisor import Supervisor
 
 
-def open_client(config: Config) -> StoreClient:
-    """One connection to the configured store, shared by every lease of this sidecar."""
+def open_client(config: Config, supervisor: Supervisor | None = None) -> StoreClient:
+    """One connection to the configured store, shared by every lease of this sidecar. The
+    tasks the client runs itself (a poller, a pub/sub hub, a shared watch) run under
+    ``supervisor`` (see `sidecar.supervisor`)."""
     scheme = config.store_scheme
     if scheme == "sqlite":
         from sidecar.backends.sqlite import SQLiteStoreClient, sqlite_path
 
         busy_timeout = 0.8 * config.timing.request_timeout
-        return SQLiteStoreClient(sqlite_path(config.store), busy_timeout=busy_timeout)
+        return SQLiteStoreClient(
+            sqlite_path(config.store), busy_timeout=busy_timeout, supervisor=supervisor
+        )
     if scheme in ("redis", "rediss", "redis+sentinel"):
         from sidecar.backends.redis import open_redis_client
 
-        return open_redis_client(config)
+        return open_redis_client(config, supervisor)
     if scheme == "kubernetes":
         from sidecar.backends.kubernetes import open_kubernetes_client
 
-        return open_kubernetes_client(config)
+        return open_kubernetes_client(config, supervisor)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this
 
 

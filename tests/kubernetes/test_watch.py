@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from sidecar.backends.base import LeaseRecord
-from sidecar.backends.kubernetes import KubernetesLeaseStore
+from sidecar.backends.kubernetes import KubernetesLeaseStore, KubernetesStoreClient
+from sidecar.backends.kubernetes.client import KubeApi
+from sidecar.supervisor import Supervisor
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import LEASES
 from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
@@ -162,3 +166,44 @@ async def test_the_watch_starts_again_when_the_server_ends_it(
         await holder.renew("a_1", granted.term, 2)
         await until(lambda: len(seen) >= 2)
     assert len(list_requests(fake)) == 1
+
+
+async def test_a_shared_watch_that_fails_comes_back_under_its_supervisor(
+    kubeconfig: Path,
+) -> None:
+    """The shared namespace watch rides out what the API server does; a failure of its own (a
+    bug, here in its error path) ends the task, and the supervisor starts it again: it lists
+    and reports what is there (issue 25)."""
+    supervisor = Supervisor(backoff=(0.05, 0.05))
+    client = KubernetesStoreClient(
+        NAMESPACE,
+        api=KubeApi(str(kubeconfig), 2.0),
+        group=LEASE,
+        shared_watch=True,
+        default_duration=2.0,
+        supervisor=supervisor,
+    )
+    holder = client.lease(LEASE)  # (its writes carry the label the shared watch selects)
+    try:
+        async with watching(client.lease(LEASE)) as seen:
+            await until(lambda: len(seen) >= 1)
+            shared = client._shared
+            assert shared is not None
+
+            class BrokenOnce:
+                def uniform(self, low: float, high: float) -> float:
+                    shared._rng = random.Random()  # only this once
+                    raise RuntimeError("broken on purpose")
+
+            def apply_fails(kind: str, lease: dict[str, object]) -> None:
+                raise ValueError("an event it cannot apply")
+
+            shared._rng = BrokenOnce()  # type: ignore[assignment]
+            shared._apply = apply_fails  # type: ignore[method-assign]
+            await holder.try_acquire("a_1", 2, 0, expected=None)
+            await until(lambda: supervisor.failures.get("kubernetes-leases-watch") == 1)
+            del shared._apply  # the class's own again
+            await until(lambda: any(r is not None and r.holder == "a_1" for r in seen))
+            assert supervisor.down() == {}
+    finally:
+        await client.close()

@@ -559,3 +559,36 @@ async def test_the_documented_acl_is_enough_for_every_operation(
             assert client.execute_command("ACL", "LOG") == []  # nothing was refused
     finally:
         replica.stop()
+
+
+async def test_a_pubsub_hub_that_fails_comes_back_under_its_supervisor(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """The hub rides out what the connection does; a failure of its own (a bug, here as it
+    opens a connection) ends the task, and the supervisor starts it again: the watch goes on
+    and reports the next grant (issue 25)."""
+    follower, leader = make_store(server.url), make_store(server.url)
+    client = follower.client
+    client.supervisor.backoff = (0.05, 0.05)
+    async with watching(follower) as seen:
+        assert await asyncio.wait_for(seen.get(), 2) is None
+    # Nobody watches: the hub closes its connection, and opens one for the next watch.
+    channel = lease_keys("t")[2]
+    async with asyncio.timeout(5):
+        while client.hub.subscribed(channel):  # noqa: ASYNC110 (a poll on purpose)
+            await asyncio.sleep(0.01)
+    opens = client.redis.pubsub
+
+    def broken_once() -> object:
+        client.redis.pubsub = opens  # type: ignore[method-assign]
+        raise RuntimeError("broken on purpose")
+
+    client.redis.pubsub = broken_once  # type: ignore[method-assign]
+    async with watching(follower) as seen:
+        assert await asyncio.wait_for(seen.get(), 5) is None
+        assert client.supervisor.failures["redis-pubsub"] == 1
+        granted = await leader.try_acquire("a_1", 5.0, 0, expected=None)
+        record = await next_matching(seen, lambda r: r is not None, timeout=5)
+        assert record is not None
+        assert (record.holder, record.term) == ("a_1", granted.term)
+    assert client.supervisor.down() == {}

@@ -189,7 +189,7 @@ async def test_events_stream_the_state_and_every_change(pair: Pair) -> None:
 async def test_release_steps_down_and_is_only_on_the_localhost_listener(pair: Pair) -> None:
     a, b, _ = pair
     await a.step()
-    public = create_public_app(a, a.metrics.registry, lambda: True)
+    public = create_public_app(a, a.metrics.registry, dict)
     async with await client_for(public) as outside, await client_for(create_local_app(a)) as inside:
         refused = await outside.post("/leader/release")
         assert refused.status in (404, 405)
@@ -208,7 +208,9 @@ async def test_release_steps_down_and_is_only_on_the_localhost_listener(pair: Pa
 async def test_probes_and_metrics_on_the_public_listener(pair: Pair) -> None:
     a, _, _ = pair
     alive = [True]
-    public = create_public_app(a, a.metrics.registry, lambda: alive[0])
+    public = create_public_app(
+        a, a.metrics.registry, lambda: {} if alive[0] else {"election": "stopped"}
+    )
     async with await client_for(public) as client:
         assert (await client.get("/readyz")).status == 503  # the store has not answered yet
         await a.step()
@@ -229,7 +231,7 @@ async def test_readyz_fails_when_the_store_stops_answering_for_a_lease(pair: Pai
     a, b, _ = pair
     await a.step()
     await b.step()
-    public = create_public_app(b, b.metrics.registry, lambda: True)
+    public = create_public_app(b, b.metrics.registry, dict)
     async with await client_for(public) as client:
         assert (await client.get("/readyz")).status == 200
         assert isinstance(b.store, StrictStore)

@@ -87,7 +87,7 @@ async def test_leases_lists_every_lease_and_long_polls_over_the_whole_set(
     two: tuple[LeaseSet, LeaseSet],
 ) -> None:
     a, b = two
-    async with await client_for(create_public_app(a, CollectorRegistry(), lambda: True)) as c:
+    async with await client_for(create_public_app(a, CollectorRegistry(), dict)) as c:
         first = await c.get("/leases")
         body = await first.json()
         assert [entry["lease"] for entry in body["leases"]] == NAMES

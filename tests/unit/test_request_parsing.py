@@ -103,7 +103,7 @@ async def test_malformed_requests_get_400_and_no_error_level_log(
 ) -> None:
     elector = make_elector(MemoryLeaseState(), "a")
     await elector.step()
-    app = create_public_app(elector, CollectorRegistry(), lambda: True)
+    app = create_public_app(elector, CollectorRegistry(), dict)
     async with await _client(app) as client:
         assert client.port is not None
         caplog.set_level(logging.DEBUG)

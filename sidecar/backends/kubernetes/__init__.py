@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sidecar.config import Config
     from sidecar.demotion import Action
     from sidecar.elector import GapAlert
+    from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.kubernetes")
 
@@ -72,9 +73,11 @@ def served_leases(config: Config) -> tuple[str, int]:
     return config.candidate_group, len(config.lease_names)
 
 
-def open_kubernetes_client(config: Config) -> KubernetesStoreClient:
+def open_kubernetes_client(
+    config: Config, supervisor: Supervisor | None = None
+) -> KubernetesStoreClient:
     """One client for every lease of this sidecar; a shared namespace watch past
-    `PER_NAME_WATCH_LIMIT` leases (see store_client.py)."""
+    `PER_NAME_WATCH_LIMIT` leases (see store_client.py), run under ``supervisor``."""
     group, count = served_leases(config)
     return KubernetesStoreClient(
         config.namespace,
@@ -82,6 +85,7 @@ def open_kubernetes_client(config: Config) -> KubernetesStoreClient:
         group=group,
         shared_watch=count > PER_NAME_WATCH_LIMIT,
         default_duration=config.timing.lease_duration,
+        supervisor=supervisor,
     )
 
 

@@ -30,6 +30,7 @@ from sidecar.backends.kubernetes.watch import (
     stream_leases,
 )
 from sidecar.logs import log
+from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.kubernetes")
 
@@ -46,8 +47,10 @@ class SharedLeaseWatch:
         *,
         watch_timeout: float = 60.0,
         rng: random.Random | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.api = api
+        self._supervisor = supervisor or Supervisor()  # restarts the stream if it fails
         self.selection = selection
         self.watch_timeout = watch_timeout
         self._rng = rng or random.Random()
@@ -64,7 +67,7 @@ class SharedLeaseWatch:
         if self._cache is not None:
             queue.put_nowait(self._cache.get(name))
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="leader-sidecar shared watch")
+            self._task = self._supervisor.spawn("kubernetes-leases-watch", self._run)
         try:
             while True:
                 yield await queue.get()

@@ -30,6 +30,7 @@ from sidecar.backends.kubernetes.fanout import SharedLeaseWatch
 from sidecar.backends.kubernetes.store import GROUP_LABEL, KubernetesLeaseStore
 from sidecar.backends.kubernetes.watch import Selection
 from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.supervisor import Supervisor
 
 PER_NAME_WATCH_LIMIT = 10
 """Up to this many leases per sidecar, one watch stream each (and RBAC by name); more share
@@ -59,6 +60,7 @@ class KubernetesStoreClient:
         default_duration: float = 15.0,
         clock: Clock = SYSTEM_CLOCK,
         watch_timeout: float = 60.0,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.namespace = namespace
         self.api = api
@@ -71,7 +73,10 @@ class KubernetesStoreClient:
         if shared_watch:
             selector = f"{GROUP_LABEL}={self._labels[GROUP_LABEL]}"
             self._shared = SharedLeaseWatch(
-                api, Selection(namespace, label_selector=selector), watch_timeout=watch_timeout
+                api,
+                Selection(namespace, label_selector=selector),
+                watch_timeout=watch_timeout,
+                supervisor=supervisor,
             )
 
     @property

@@ -45,6 +45,7 @@ from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_ta
 
 if TYPE_CHECKING:
     from sidecar.config import Config
+    from sidecar.supervisor import Supervisor
 
 __all__ = [
     "RedisLease",
@@ -60,10 +61,11 @@ __all__ = [
 ]
 
 
-def open_redis_client(config: Config) -> RedisStoreClient:
+def open_redis_client(config: Config, supervisor: Supervisor | None = None) -> RedisStoreClient:
     """The client for ``--store redis://…``, ``rediss://…`` or ``redis+sentinel://…``, shared
-    by every lease of the sidecar."""
-    return RedisStoreClient(_target(config), **_options(config))
+    by every lease of the sidecar; its pub/sub hub and Sentinel follower run under
+    ``supervisor``."""
+    return RedisStoreClient(_target(config), **_options(config), supervisor=supervisor)
 
 
 def open_redis_store(config: Config) -> RedisLeaseStore:

@@ -46,6 +46,7 @@ from sidecar.backends.redis.sentinel import follow_sentinels
 from sidecar.backends.redis.target import RedisTarget, join_host
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
+from sidecar.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from sidecar.backends.redis.candidates import RedisCandidates
@@ -85,8 +86,11 @@ class RedisStoreClient:
         client_name: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
         max_connections: int | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.target = target
+        # Restarts the pub/sub hub and the Sentinel follower if either fails (a bug).
+        self.supervisor = supervisor or Supervisor()
         self.request_timeout = request_timeout
         self.min_replicas = min_replicas
         # WAIT must return before the socket timeout fires on it, and leave the script's own
@@ -287,14 +291,18 @@ class RedisStoreClient:
         moments, instead of when the old one finally refuses."""
         if self._sentinel is None or self._sentinels is not None:
             return
-        following = follow_sentinels(
-            self._sentinel,
-            self.target.master_name,
-            self._on_master_switch,
-            request_timeout=self.request_timeout,
-            backoff=self.WATCH_BACKOFF,
-        )
-        self._sentinels = asyncio.create_task(following, name="redis-sentinels")
+        sentinel = self._sentinel
+
+        def following() -> Awaitable[None]:
+            return follow_sentinels(
+                sentinel,
+                self.target.master_name,
+                self._on_master_switch,
+                request_timeout=self.request_timeout,
+                backoff=self.WATCH_BACKOFF,
+            )
+
+        self._sentinels = self.supervisor.spawn("redis-sentinels", following)
 
     async def _on_master_switch(self, announcement: str) -> None:
         self.master_generation += 1

@@ -76,7 +76,7 @@ class ChannelHub:
         self._wake.set()
         if self._task is None:
             self._client.follow_sentinels()
-            self._task = asyncio.create_task(self._run(), name="redis-pubsub")
+            self._task = self._client.supervisor.spawn("redis-pubsub", self._run)
         return mailbox
 
     def subscribed(self, channel: str) -> bool:

@@ -21,6 +21,7 @@ from sidecar.backends.sqlite.schema import (
 )
 from sidecar.backends.sqlite.watch import WatchHub
 from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.supervisor import Supervisor
 
 
 def _boot_id() -> str:
@@ -38,13 +39,14 @@ class SQLiteStoreClient:
         busy_timeout: float = 2.0,
         clock: Clock = SYSTEM_CLOCK,
         watch_interval: float = 0.05,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
         self.clock = clock
         self.boot_id = _boot_id()
         self.connection = Connection(path, busy_timeout, clock)
-        self.hub = WatchHub(self.connection, watch_interval)
+        self.hub = WatchHub(self.connection, watch_interval, supervisor or Supervisor())
 
     @property
     def description(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
 from sidecar.backends.sqlite.connection import Connection
 from sidecar.backends.sqlite.schema import READ_MANY, lease_record
+from sidecar.supervisor import Supervisor
 
 # What a subscription has seen before its first yield: unlike any version, and unlike None
 # (no row), so the first look always yields.
@@ -56,9 +57,10 @@ class Subscription:
 class WatchHub:
     """The client's one poller. It runs while at least one watch does."""
 
-    def __init__(self, connection: Connection, interval: float) -> None:
+    def __init__(self, connection: Connection, interval: float, supervisor: Supervisor) -> None:
         self._connection = connection
         self._interval = interval
+        self._supervisor = supervisor  # restarts the poller if it fails
         self._watches: dict[str, set[Subscription]] = {}
         self._names: tuple[list[str], str] | None = None  # watched names, and as JSON
         self._task: asyncio.Task[None] | None = None
@@ -72,9 +74,7 @@ class WatchHub:
         self._watches.setdefault(name, set()).add(watch)
         self._names = None
         if self._task is None:
-            self._task = asyncio.create_task(
-                self._poll(), name=f"sqlite-watch {self._connection.path}"
-            )
+            self._task = self._supervisor.spawn("sqlite-watch", self._poll)
         return watch
 
     def unsubscribe(self, watch: Subscription) -> None:
@@ -96,23 +96,23 @@ class WatchHub:
             self._task = None
 
     async def _poll(self) -> None:
+        """Until no watch is left. Raises only on a bug: the supervisor then starts it again
+        (with ``_task`` still set, so that a new watch does not start a second poller)."""
         data_version: int | None = None
         writes: int | None = None
-        try:
-            while self._watches:
-                try:
-                    data_version, writes = await self._look(data_version, writes)
-                except StoreUnavailable:
-                    for watches in self._watches.values():
-                        for watch in watches:
-                            watch.restart()
-                    data_version = None
-                    await asyncio.sleep(self._interval * 10)
-                    continue
-                await asyncio.sleep(self._interval)
-        finally:
-            # No await between the emptiness check and this: a new watch starts a new loop.
-            self._task = None
+        while self._watches:
+            try:
+                data_version, writes = await self._look(data_version, writes)
+            except StoreUnavailable:
+                for watches in self._watches.values():
+                    for watch in watches:
+                        watch.restart()
+                data_version = None
+                await asyncio.sleep(self._interval * 10)
+                continue
+            await asyncio.sleep(self._interval)
+        # No await between the emptiness check and this: a new watch starts a new loop.
+        self._task = None
 
     async def _look(self, last_version: int | None, last_writes: int | None) -> tuple[int, int]:
         """One poll. Reads every watched row if the file changed since the last look (another
