@@ -44,7 +44,7 @@ from tests.fakekube.kinds import (
 from tests.fakekube.patch import json_patch, merge_patch, strategic_merge_patch
 from tests.fakekube.state import Change, Cluster, TooOld
 from tests.fakekube.wire import LEASES, NAMESPACES, PODS, ApiError, JsonObj
-from tests.support.rbac import User
+from tests.support.rbac import MASTERS, User
 
 _COMMON_HEADERS = {
     "Cache-Control": "no-cache, private",
@@ -220,7 +220,8 @@ class FakeApiServer:
             "content_type": request.headers.get("Content-Type"),
             "accept": request.headers.get("Accept"),
             "user_agent": request.headers.get("User-Agent"),
-            "user": None,  # once authenticated
+            "timeout": request.query.get("timeout"),  # the client's ?timeout= (a Go duration)
+            "user": None,  # once authenticated (the impersonated user, if any)
             "status": None,
         }
         self.requests.append(entry)
@@ -245,6 +246,10 @@ class FakeApiServer:
                 r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", "")
             )
             name = selected[1] if selected else ""
+        redirect = self.faults.redirect_for(verb, resource, name)
+        if redirect is not None:
+            target = redirect.location.rstrip("/") + request.path_qs
+            return web.Response(status=redirect.status, headers=self._headers({"Location": target}))
         delay = self.faults.delay_for(verb, resource, name)
         if delay:
             await asyncio.sleep(delay)
@@ -263,8 +268,11 @@ class FakeApiServer:
         if late:
             entry["late"] = late
             await asyncio.sleep(late)
-        user = self._authenticate(request)
+        user = self._impersonate(request, self._authenticate(request), entry)
         entry["user"] = user.name
+        throttled = self.faults.error_for(verb, resource, name, throttle=True)
+        if throttled is not None:
+            raise wire.throttled(throttled.retry_after)
         if self.authorizer is not None:
             self._authorize(request, user, entry)
         if route is None:
@@ -274,10 +282,50 @@ class FakeApiServer:
         )
         if anonymous_refused or self.faults.forbidden(verb, resource, name):
             raise wire.forbidden(route.resource, name, user.name, verb, route.namespace)
-        injected = self.faults.error_for(verb, resource, name)
+        injected = self.faults.error_for(verb, resource, name, throttle=False)
         if injected is not None:
-            raise self._injected(injected, route)
+            raise self._injected(injected.status, route, injected.retry_after)
+        if self.faults.ends_watch(verb, resource, name):
+            return await self._empty_watch(request)
         return await self._serve_resource(request, route, verb)
+
+    async def _empty_watch(self, request: web.Request) -> web.StreamResponse:
+        """A watch answered ``200`` and ended at once, no event: what a proxy or load
+        balancer that closes long streams sends."""
+        response = web.StreamResponse(
+            status=200, headers=self._headers({"Content-Type": "application/json"})
+        )
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+
+    def _impersonate(self, request: web.Request, user: User, entry: dict[str, Any]) -> User:
+        """The ``Impersonate-*`` headers, as kube-apiserver's impersonation filter applies them
+        after authentication: the request then acts as that user, with those groups (and
+        ``system:authenticated``). Without RBAC anyone may impersonate; with it, only
+        ``system:masters`` (the fake has no ClusterRoles to grant ``impersonate``), everyone
+        else gets the real 403."""
+        acting = request.headers.get("Impersonate-User")
+        groups = request.headers.getall("Impersonate-Group", [])
+        uid = request.headers.get("Impersonate-Uid")
+        extra = {
+            key[len("Impersonate-Extra-") :].lower(): request.headers.getall(key)
+            for key in request.headers
+            if key.lower().startswith("impersonate-extra-")
+        }
+        if acting is None:
+            if groups or uid or extra:
+                raise wire.internal_error(
+                    "requested impersonation of uid, groups or user-extra without "
+                    "impersonating a user"
+                )
+            return user
+        if self.authorizer is not None and MASTERS not in user.groups:
+            raise wire.forbidden(("", "users", ""), acting, user.name, "impersonate", None)
+        entry["impersonated_by"] = user.name
+        entry["impersonation"] = {"user": acting, "groups": groups, "uid": uid, "extra": extra}
+        return User.authenticated(acting, groups)
 
     async def _hold_while_frozen(self, verb: str, resource: str, name: str) -> None:
         """Wait until the freeze is lifted, then go in arrival order: the oldest held request
@@ -334,11 +382,15 @@ class FakeApiServer:
                 reason=decision.reason,
             )
 
-    def _injected(self, code: int, route: Route) -> ApiError:
+    def _injected(self, code: int, route: Route, retry_after: int | None = None) -> ApiError:
+        error = self._injected_status(code, route)
+        if retry_after is not None:
+            error.headers["Retry-After"] = str(retry_after)
+        return error
+
+    def _injected_status(self, code: int, route: Route) -> ApiError:
         if code == 409:
             return wire.conflict(route.resource, route.name or "")
-        if code == 429:
-            return wire.too_many_requests()
         if code == 504:
             return ApiError(
                 504,
@@ -399,6 +451,9 @@ class FakeApiServer:
         if error.code == 401:
             for key in ("X-Kubernetes-Pf-Flowschema-Uid", "X-Kubernetes-Pf-Prioritylevel-Uid"):
                 headers.pop(key, None)
+        if error.text is not None:
+            headers["Content-Type"] = "text/plain; charset=utf-8"
+            return web.Response(text=error.text, status=error.code, headers=headers)
         headers["Content-Type"] = "application/json"
         return web.Response(
             body=wire.dumps(error.body, self._pretty(request)), status=error.code, headers=headers

@@ -7,11 +7,14 @@ import json
 import time
 import urllib.error
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.fakekube import FakeApiServer, fake_kube_process, running
+
+RECORDED = Path(__file__).parent / "recorded"
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/demo/leases"
 LEASE_BODY = {
@@ -50,7 +53,7 @@ async def test_latency_delays_matching_requests_only(
 
 @pytest.mark.parametrize(
     ("code", "reason"),
-    [(500, "InternalError"), (429, "TooManyRequests"), (503, "ServiceUnavailable")],
+    [(500, "InternalError"), (503, "ServiceUnavailable"), (504, "Timeout")],
 )
 async def test_injected_errors_answer_a_status_a_limited_number_of_times(
     fake: FakeApiServer, http: aiohttp.ClientSession, code: int, reason: str
@@ -62,9 +65,92 @@ async def test_injected_errors_answer_a_status_a_limited_number_of_times(
     for _ in range(3):
         async with http.get(fake.url + LEASES) as response:
             answers.append((response.status, (await response.json()).get("reason")))
-            if code == 429 and response.status == 429:
-                assert response.headers["Retry-After"] == "1"
+            assert "Retry-After" not in response.headers  # none unless asked for
     assert answers == [(code, reason), (code, reason), (200, None)]
+
+
+async def test_an_injected_429_is_the_plain_text_rejection_of_priority_and_fairness(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    """As recorded (apf.json): text/plain, not a Status, and Retry-After 1 unless given."""
+    recorded = json.loads((RECORDED / "apf.json").read_text())["exchanges"][0]["response"]
+    fake.faults = fake.faults.parse({"errors": [{"status": 429, "count": 1}]})
+    async with http.get(fake.url + LEASES + "?watch=1") as response:
+        assert response.status == 429
+        assert await response.text() == recorded["body"]
+        for header in ("Content-Type", "Retry-After", "X-Content-Type-Options"):
+            assert response.headers[header] == recorded["headers"][header]
+    fake.faults = fake.faults.parse({"errors": [{"status": 429, "retry_after": 5}]})
+    for _ in range(2):
+        async with http.get(fake.url + LEASES) as response:
+            assert (response.status, response.headers["Retry-After"]) == (429, "5")
+
+
+async def test_a_5xx_carries_retry_after_only_when_given(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    fake.faults = fake.faults.parse(
+        {"errors": [{"status": 503, "retry_after": 7, "count": 1}, {"status": 500, "count": 1}]}
+    )
+    async with http.get(fake.url + LEASES) as response:
+        assert (response.status, response.headers.get("Retry-After")) == (503, "7")
+    async with http.get(fake.url + LEASES) as response:
+        assert (response.status, response.headers.get("Retry-After")) == (500, None)
+
+
+async def test_ended_watches_answer_an_empty_200_at_once_and_other_requests_are_served(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    fake.faults = fake.faults.parse({"end_watches": True})
+    started = time.monotonic()
+    async with http.get(fake.url + LEASES + "?watch=1&timeoutSeconds=30") as response:
+        assert (response.status, await response.read()) == (200, b"")
+    assert time.monotonic() - started < 5
+    async with http.get(fake.url + LEASES) as response:
+        assert response.status == 200
+        assert (await response.json())["kind"] == "LeaseList"
+
+
+async def test_a_redirect_fault_sends_the_client_elsewhere_with_its_path(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    fake.faults = fake.faults.parse(
+        {"redirect": {"location": "http://elsewhere.example:6443", "status": 307}}
+    )
+    async with http.get(fake.url + LEASES + "?limit=1", allow_redirects=False) as response:
+        assert response.status == 307
+        assert response.headers["Location"] == (
+            "http://elsewhere.example:6443" + LEASES + "?limit=1"
+        )
+
+
+async def test_the_request_log_keeps_the_clients_timeout_and_user_agent(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    headers = {"User-Agent": "leader-sidecar/9.9 (linux/x86_64)"}
+    async with http.get(fake.url + LEASES + "?timeout=2500ms", headers=headers) as response:
+        assert response.status == 200
+    entry = fake.requests[-1]
+    assert (entry["timeout"], entry["user_agent"]) == ("2500ms", headers["User-Agent"])
+
+
+async def test_impersonation_headers_make_the_request_act_as_that_user(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    headers = [
+        ("Impersonate-User", "alice"),
+        ("Impersonate-Group", "team-a"),
+        ("Impersonate-Group", "team-b"),
+        ("Impersonate-Extra-Scopes", "view"),
+    ]
+    async with http.get(fake.url + LEASES, headers=headers) as response:
+        assert response.status == 200
+    entry = fake.requests[-1]
+    assert (entry["user"], entry["impersonated_by"]) == ("alice", fake.user)
+    assert entry["impersonation"]["groups"] == ["team-a", "team-b"]
+    assert entry["impersonation"]["extra"] == {"scopes": ["view"]}
+    async with http.get(fake.url + LEASES, headers={"Impersonate-Group": "x"}) as response:
+        assert response.status == 500  # groups without a user: refused, as the real filter does
 
 
 async def test_an_injected_conflict_is_the_real_conflict_and_changes_nothing(

@@ -17,13 +17,22 @@ NAMESPACES = ("", "namespaces", "Namespace")
 
 
 class ApiError(Exception):
-    """Answered as a ``Status`` body with this code."""
+    """Answered as a ``Status`` body with this code, or with ``text`` as a plain-text body
+    (what the API server's filters write: API Priority and Fairness's 429)."""
 
-    def __init__(self, code: int, body: JsonObj, headers: dict[str, str] | None = None) -> None:
-        super().__init__(body.get("message", ""))
+    def __init__(
+        self,
+        code: int,
+        body: JsonObj,
+        headers: dict[str, str] | None = None,
+        *,
+        text: str | None = None,
+    ) -> None:
+        super().__init__(body.get("message", "") if text is None else text)
         self.code = code
         self.body = body
         self.headers = headers or {}
+        self.text = text
 
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -237,17 +246,14 @@ def internal_error(message: str) -> ApiError:
     return ApiError(500, status(500, "InternalError", message, {"causes": [{"message": message}]}))
 
 
-def too_many_requests() -> ApiError:
-    return ApiError(
-        429,
-        status(
-            429,
-            "TooManyRequests",
-            "Too many requests, please try again later.",
-            {"retryAfterSeconds": 1},
-        ),
-        {"Retry-After": "1"},
-    )
+def throttled(retry_after: int | None) -> ApiError:
+    """API Priority and Fairness's rejection, as recorded (``recorded/apf.json``): plain text,
+    ``Retry-After`` (APF always sends 1; a server shutting down sends more)."""
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    message = "Too many requests, please try again later."
+    return ApiError(429, {"message": message}, headers, text=message + "\n")
 
 
 def expired(message: str) -> JsonObj:
