@@ -15,3 +15,7 @@ guarantees, and what it cannot:
 * It cannot stop a paused or partitioned app from finishing a write it already started: only
   the resource can, by refusing writes whose term is lower than one it has already seen.
 """
+
+__version__ = "0.1.0"
+"""The release (pyproject.toml's version; a test keeps them equal). A constant, not
+``importlib.metadata``: reading the installed distributions costs ~10-20 ms of every start."""

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sidecar.backends.kubernetes.client import CallError, KubeApi, lease_path
+from sidecar.backends.kubernetes.client import USER_AGENT, CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.kubeconfig import (
     Kubeconfig,
     KubeconfigError,
@@ -157,7 +157,7 @@ async def test_a_kubeconfig_with_a_token_and_a_relative_ca_file_reaches_a_tls_se
     )
     assert await read_lease(config) == LEASE_JSON
     assert https.seen[0]["headers"]["Authorization"] == "Bearer s3cret"
-    assert https.seen[0]["headers"]["User-Agent"] == "leader-sidecar"
+    assert https.seen[0]["headers"]["User-Agent"] == USER_AGENT
     assert Kubeconfig.read(str(config)).namespace == "team-a"
 
 
@@ -381,6 +381,7 @@ async def test_a_huge_watch_event_breaks_the_watch_instead_of_filling_memory(
         "resourceVersion": "5",
         "allowWatchBookmarks": "true",
         "timeoutSeconds": "30",
+        "timeout": "30s",  # as client-go: the server drops a watch the client gave up on
     }
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,7 +20,13 @@ from sidecar.backends.kubernetes import (
     open_kubernetes_store,
 )
 from sidecar.backends.kubernetes.client import KubeApi
-from sidecar.backends.kubernetes.demotion import LeaseEvents, PodRoleLabel, pod_of
+from sidecar.backends.kubernetes.demotion import (
+    MAX_DELAY,
+    RETRIES,
+    LeaseEvents,
+    PodRoleLabel,
+    pod_of,
+)
 from sidecar.config import ConfigError, load
 from sidecar.elector import GapAlert, LeaderStatus, Role, Transition
 from tests.fakekube import FakeApiServer
@@ -142,6 +149,77 @@ async def test_a_missing_own_pod_says_to_set_pod_name(
             await PodRoleLabel(api, NAMESPACE, "nope", KEY)(became_leader("nope_1", None))
     finally:
         await api.close()
+
+
+class Naps:
+    """A sleep that does not: it records each wait (the retries' own clock)."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def event_posts(fake: FakeApiServer) -> list[dict[str, Any]]:
+    return [r for r in fake.requests if r["resource"] == "events" and r["verb"] == "create"]
+
+
+async def test_a_throttled_label_waits_at_least_retry_after_between_tries(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    """Counted against the retries' own clock: two 429s asking for 3 s, then served."""
+    await create_pod(fake, "app-0")
+    throttled = {"status": 429, "retry_after": 3, "count": 2, "match": {"resources": ["pods"]}}
+    fake.faults = fake.faults.parse({"errors": [throttled]})
+    naps = Naps()
+    api = KubeApi(str(kubeconfig), 2.0)
+    try:
+        label = PodRoleLabel(api, NAMESPACE, "app-0", KEY, sleep=naps)
+        await label(became_leader("app-0_a", None))
+    finally:
+        await api.close()
+    patches = [r["status"] for r in fake.requests if r["verb"] == "patch"]
+    assert patches == [429, 429, 200]
+    assert len(naps.waits) == 2
+    assert all(3.0 <= wait <= 3.0 + MAX_DELAY for wait in naps.waits)
+
+
+async def test_a_failing_event_is_retried_ten_times_backing_off_then_given_up(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    fake.faults = fake.faults.parse(
+        {"errors": [{"status": 500, "match": {"resources": ["events"]}}]}
+    )
+    naps = Naps()
+    api = KubeApi(str(kubeconfig), 2.0)
+    events = LeaseEvents(api, NAMESPACE, LEASE, "app-0_a", "app-0", lambda: None, sleep=naps)
+    try:
+        with pytest.raises(RuntimeError, match="could not record the Event"):
+            await events(became_leader("app-0_a", None))
+    finally:
+        await api.close()
+    assert len(event_posts(fake)) == RETRIES + 1
+    steps = [min(MAX_DELAY, 0.1 * 2**n) for n in range(RETRIES)]
+    assert len(naps.waits) == len(steps)
+    for wait, step in zip(naps.waits, steps, strict=True):
+        assert step <= wait <= 2 * step  # doubling, jittered by up to one step, capped
+
+
+async def test_a_refusal_that_is_not_transient_is_not_retried(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    fake.faults = fake.faults.parse({"forbid": [{"resources": ["events"]}]})
+    naps = Naps()
+    api = KubeApi(str(kubeconfig), 2.0)
+    events = LeaseEvents(api, NAMESPACE, LEASE, "app-0_a", "app-0", lambda: None, sleep=naps)
+    try:
+        with pytest.raises(RuntimeError):
+            await events(became_leader("app-0_a", None))
+    finally:
+        await api.close()
+    assert len(event_posts(fake)) == 1
+    assert naps.waits == []
 
 
 async def test_transient_failures_are_retried_a_few_times(

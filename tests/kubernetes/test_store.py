@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+import sidecar
 from sidecar.backends.base import Conflict, LeaseHeld, NotOwned, StoreUnavailable
 from sidecar.backends.kubernetes.store import whole_seconds
 from sidecar.observed import LeaseView
@@ -405,10 +407,18 @@ async def test_a_missing_namespace_is_unavailable_and_names_the_fix(
         await make_store().try_acquire("a_1", 2, 0, expected=None)
 
 
-async def test_the_requests_carry_our_user_agent(fake: FakeApiServer, make_store: StoreFactory):  # type: ignore[no-untyped-def]
-    """So the server's managedFields and audit log name the sidecar."""
-    await make_store().try_acquire("a_1", 2, 0, expected=None)
-    assert {r["user_agent"] for r in fake.requests} == {"leader-sidecar"}
+async def test_the_requests_carry_our_user_agent_and_timeout(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """So the server's managedFields and audit log name the sidecar and its version, and the
+    server stops working on a request once the client's timeout has passed (client-go sends
+    ``?timeout=`` too)."""
+    await make_store(request_timeout=2.5).try_acquire("a_1", 2, 0, expected=None)
+    assert {r["user_agent"] for r in fake.requests} == {
+        f"leader-sidecar/{sidecar.__version__} ({platform.system().lower()}/"
+        f"{platform.machine()}) python/{platform.python_version()} aiohttp/{aiohttp.__version__}"
+    }
+    assert {r["timeout"] for r in fake.requests} == {"2500ms"}
     lease = fake.cluster.get(LEASES, NAMESPACE, LEASE)
     assert lease is not None
     assert lease["metadata"]["managedFields"][0]["manager"] == "leader-sidecar"

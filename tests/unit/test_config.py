@@ -213,3 +213,14 @@ def test_a_kubeconfig_that_cannot_work_stops_the_start_naming_it_and_why(tmp_pat
         load(base, environ={"KUBECONFIG": str(broken)})
     # Another store never reads it: a stray KUBECONFIG in a shell is no reason to fail.
     assert load(["--store", "redis://127.0.0.1:6379"], environ={"KUBECONFIG": str(garbled)})
+
+
+def test_the_version_constant_is_the_releases_version() -> None:
+    """The User-Agent sends ``sidecar.__version__``; it must be what pyproject.toml releases."""
+    import tomllib
+
+    import sidecar
+    from tests.support.tools import REPO
+
+    with (REPO / "pyproject.toml").open("rb") as file:
+        assert sidecar.__version__ == tomllib.load(file)["project"]["version"]

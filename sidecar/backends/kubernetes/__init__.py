@@ -54,7 +54,31 @@ def _api(config: Config) -> KubeApi:
             f"token at {SERVICE_ACCOUNT_TOKEN}); give --kubeconfig or KUBECONFIG to run outside "
             "a cluster",
         )
+    _check_proxy(config)
     return KubeApi(config.kubeconfig, config.timing.request_timeout)
+
+
+def _check_proxy(config: Config) -> None:
+    """A proxy variable that applies to the API server and cannot be used (a SOCKS proxy)
+    stops the sidecar at start, as a bad kubeconfig does, not at its first request."""
+    from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
+    from sidecar.backends.kubernetes.proxy import ProxyError, from_environment
+
+    try:
+        if config.kubeconfig:
+            kubeconfig = Kubeconfig.read(config.kubeconfig)
+            if kubeconfig.proxy() is not None:
+                return  # the kubeconfig's proxy-url wins
+            server = str(kubeconfig.cluster.fields["server"])
+        else:
+            host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+            host = f"[{host}]" if ":" in host else host
+            server = f"https://{host}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+        from_environment(server, os.environ)
+    except ProxyError as exc:
+        raise ConfigError(exc.setting, exc.value, exc.reason) from None
+    except KubeconfigError as exc:
+        raise ConfigError("--kubeconfig", config.kubeconfig, str(exc)) from None
 
 
 def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:

@@ -12,14 +12,15 @@ replica's transitions land in one timeline (``kubectl describe lease NAME``, or
 ``kubectl get events --field-selector involvedObject.name=NAME``), as client-go's leader
 election records them. Renewal gaps past half the lease are Warning Events too.
 
-Both are best effort with a few quick retries: ``/leader`` already answered 503 before any of
-this runs, and a failed label never blocks the election.
+Both are best effort, retried as client-go retries a request (`retried`): ``/leader`` already
+answered 503 before any of this runs, and a failed label never blocks the election.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,7 +35,11 @@ logger = logging.getLogger("sidecar.kubernetes")
 COMPONENT = "leader-sidecar"
 REASON = "LeaderElection"  # client-go's reason, so existing queries find ours too
 GAP_REASON = "LeaseRenewalGap"
-ATTEMPTS = 3
+RETRIES = 10
+"""Tries after the first, at most (client-go's REST client: 10)."""
+FIRST_DELAY = 0.1
+MAX_DELAY = 5.0
+Sleep = Callable[[float], Awaitable[None]]
 
 _STOPPED = {
     "lost": ("Warning", "another replica holds the lease now, or it was deleted"),
@@ -54,15 +59,26 @@ def pod_of(identity: str | None) -> str | None:
     return identity.rpartition("_")[0] or None
 
 
-async def _attempts(op: str, call: Callable[[], Awaitable[Any]]) -> Any:
-    """A few tries for transient failures (no answer, 429, 5xx); others fail at once."""
-    for attempt in range(ATTEMPTS):
+async def retried(
+    call: Callable[[], Awaitable[Any]],
+    *,
+    sleep: Sleep = asyncio.sleep,
+    rng: random.Random | None = None,
+) -> Any:
+    """``call``, tried again after a transient failure (no answer, 429, 5xx) up to `RETRIES`
+    times; other failures, and the last, raise at once. Each wait doubles from `FIRST_DELAY`
+    up to `MAX_DELAY`, is never shorter than the server's ``Retry-After``, and is jittered by
+    up to one more step, so sidecars throttled together do not come back together. The
+    action's own timeout (`sidecar.demotion.ActionRunner`) bounds the whole."""
+    uniform = (rng or random.Random()).uniform
+    for attempt in range(RETRIES + 1):
         try:
             return await call()
         except CallError as error:
-            if not error.transient or attempt == ATTEMPTS - 1:
+            if not error.transient or attempt == RETRIES:
                 raise
-            await asyncio.sleep(0.1 * 2**attempt)
+            step = min(MAX_DELAY, FIRST_DELAY * 2**attempt)
+            await sleep(max(step, error.retry_after or 0.0) + uniform(0.0, step))
     raise AssertionError("unreachable")
 
 
@@ -79,8 +95,10 @@ class PodRoleLabel:
         pod_name: str,
         key: str,
         previous_holder: Callable[[], str | None] = lambda: None,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.api = api
+        self._sleep = sleep
         self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
@@ -100,8 +118,7 @@ class PodRoleLabel:
     async def label(self, pod: str, role: str, *, missing_ok: bool = False) -> None:
         patch = {"metadata": {"labels": {self.key: role}}}
         try:
-            await _attempts(
-                "label pod",
+            await retried(
                 lambda: self.api.request(
                     "label pod",
                     "PATCH",
@@ -109,6 +126,7 @@ class PodRoleLabel:
                     body=patch,
                     content_type=MERGE_PATCH,
                 ),
+                sleep=self._sleep,
             )
         except CallError as error:
             if error.status == 404 and missing_ok:
@@ -141,8 +159,10 @@ class LeaseEvents:
         lease_uid: Callable[[], str | None],
         clock: Clock = SYSTEM_CLOCK,
         pod_namespace: str | None = None,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.api = api
+        self._sleep = sleep
         self.namespace = namespace  # the Lease's, and so the Events'
         self.pod_namespace = pod_namespace or namespace
         self.lease = lease
@@ -210,11 +230,11 @@ class LeaseEvents:
                 "namespace": self.pod_namespace,
             }
         try:
-            await _attempts(
-                "create event",
+            await retried(
                 lambda: self.api.request(
                     "create event", "POST", core_path(self.namespace, "events"), body=event
                 ),
+                sleep=self._sleep,
             )
         except CallError as error:
             raise RuntimeError(f"could not record the Event '{message}': {error}") from None

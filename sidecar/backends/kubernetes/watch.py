@@ -57,7 +57,7 @@ def backoff(failures: int, rng: random.Random) -> float:
 def unavailable(error: CallError, namespace: str) -> StoreUnavailable:
     if error.status == 404 and error.reason == "NotFound" and "namespaces" in error.message:
         return StoreUnavailable(f"{error}; create namespace {namespace} or fix --namespace")
-    return StoreUnavailable(str(error))
+    return StoreUnavailable(str(error), retry_after=error.retry_after)
 
 
 async def list_leases(
@@ -90,10 +90,7 @@ async def stream_leases(
         if response.status == 410:
             raise Relist(f"HTTP 410 for resourceVersion {version}")
         if response.status != 200:
-            body = await _text(response)
-            if response.status == 403:
-                api.log_forbidden(op, body.strip()[:300])
-            raise WatchBroken(f"watch answered HTTP {response.status}: {body.strip()[:300]}")
+            raise await api.error_of(op, response)
         async for line in event_lines(response.content, timeout + api.request_timeout):
             event = json.loads(line)
             kind = event.get("type")
@@ -144,11 +141,3 @@ async def event_lines(
                 yield line
         if len(buffer) > limit:
             raise WatchBroken(f"a watch event longer than {limit} bytes; refused")
-
-
-async def _text(response: aiohttp.ClientResponse) -> str:
-    try:
-        async with asyncio.timeout(5):
-            return (await response.content.read(64 * 1024)).decode(errors="replace")
-    except Exception as exc:
-        return f"({type(exc).__name__} reading the answer)"
