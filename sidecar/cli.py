@@ -70,7 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     store_url = config.store if "://" in config.store else None  # "kubernetes" is no secret
     scrub = Scrubber(
         secret_values(
-            [store_url, config.redis_password, config.redis_sentinel_password], os.environ
+            [
+                store_url,
+                config.redis_password,
+                config.redis_sentinel_password,
+                config.etcd_password,
+            ],
+            os.environ,
         )
     )
     logs.configure(config.log_format, config.log_level, scrub)

@@ -198,11 +198,12 @@ def parse_signal(text: str) -> str:
     return name
 
 
-STORE_SCHEMES = ("kubernetes", "sqlite", "redis", "rediss", "redis+sentinel")
+STORE_SCHEMES = ("kubernetes", "sqlite", "redis", "rediss", "redis+sentinel", "etcd", "etcds")
 _STORE_HELP = (
     "must be kubernetes, sqlite:///relative/path.db, sqlite:////absolute/path.db, "
     "redis://[user:password@]host:port/db, rediss://... or "
-    "redis+sentinel://host:port[,host:port]/master-name[/db]"
+    "redis+sentinel://host:port[,host:port]/master-name[/db], "
+    "etcd://host:2379[,host:2379…][/key-prefix] or etcds://..."
 )
 
 
@@ -231,6 +232,8 @@ def parse_store(text: str) -> str:
             raise ValueError(
                 "a redis+sentinel:// URL needs the master name as its path: " + _STORE_HELP
             )
+        return value
+    if parsed.scheme in ("etcd", "etcds") and parsed.netloc and port_ok:
         return value
     raise ValueError(_STORE_HELP)
 
@@ -265,8 +268,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--store",
         parse_store,
-        "where the lease lives: kubernetes, sqlite:///PATH, redis://…, "
-        "rediss://…, redis+sentinel://… (default: kubernetes in a cluster, else "
+        "where the lease lives: kubernetes, sqlite:///PATH, redis://…, rediss://…, "
+        "redis+sentinel://…, etcd://…, etcds://… (default: kubernetes in a cluster, else "
         "sqlite:///./leader-sidecar.db)",
         "URL",
     ),
@@ -442,6 +445,22 @@ OPTIONS: tuple[Option, ...] = (
         "a grant counts only after this many replicas acknowledged it (WAIT); default 0",
         "N",
     ),
+    # etcd.
+    Option("--etcd-username", parse_text, "etcd user (overrides the URL's)", "USER"),
+    Option(
+        "--etcd-password",
+        parse_text,
+        "etcd user's password (overrides the URL's; prefer the environment variable)",
+        "PASSWORD",
+    ),
+    Option(
+        "--etcd-ca-file",
+        parse_text,
+        "CA bundle that signs the etcd members' certificates (etcds://)",
+        "PATH",
+    ),
+    Option("--etcd-cert-file", parse_text, "client certificate for etcd TLS", "PATH"),
+    Option("--etcd-key-file", parse_text, "client key for etcd TLS", "PATH"),
 )
 
 
@@ -557,6 +576,11 @@ class Config:
     redis_key_file: str | None = None
     redis_min_replicas: int = 0
     redis_sentinel_password: str | None = dataclasses.field(default=None, repr=False)
+    etcd_username: str | None = None
+    etcd_password: str | None = dataclasses.field(default=None, repr=False)
+    etcd_ca_file: str | None = None
+    etcd_cert_file: str | None = None
+    etcd_key_file: str | None = None
     leases: tuple[str, ...] = ()
     """Every lease this sidecar competes for, shards expanded; () means just ``lease``."""
     group: str = ""
@@ -710,7 +734,10 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     pod_name = values.get("pod_name") or environ.get("POD_NAME") or None
     prefix = values.get("identity") or pod_name or _hostname_prefix()
-    for dest in ("redis_cert_file", "redis_key_file", "redis_ca_file", "kubeconfig"):
+    for dest in (
+        "redis_cert_file", "redis_key_file", "redis_ca_file", "kubeconfig",
+        "etcd_cert_file", "etcd_key_file", "etcd_ca_file",
+    ):  # fmt: skip
         path = values.get(dest)
         if path and not Path(path).is_file():
             flag = "--" + dest.replace("_", "-")
@@ -720,6 +747,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             "--redis-key-file",
             values.get("redis_key_file") or "",
             "--redis-cert-file and --redis-key-file go together; give both or neither",
+        )
+    if bool(values.get("etcd_cert_file")) != bool(values.get("etcd_key_file")):
+        raise ConfigError(
+            "--etcd-key-file",
+            values.get("etcd_key_file") or "",
+            "--etcd-cert-file and --etcd-key-file go together; give both or neither",
         )
     if values.get("redis_min_replicas") and not store.startswith(("redis", "rediss")):
         raise ConfigError(
@@ -762,6 +795,11 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         redis_key_file=values.get("redis_key_file"),
         redis_min_replicas=values.get("redis_min_replicas", 0),
         redis_sentinel_password=values.get("redis_sentinel_password"),
+        etcd_username=values.get("etcd_username"),
+        etcd_password=values.get("etcd_password"),
+        etcd_ca_file=values.get("etcd_ca_file"),
+        etcd_cert_file=values.get("etcd_cert_file"),
+        etcd_key_file=values.get("etcd_key_file"),
         leases=names if len(names) > 1 else (),
         group=group,
         priority=values.get("priority", 0),

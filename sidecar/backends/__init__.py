@@ -31,6 +31,10 @@ def open_client(config: Config, supervisor: Supervisor | None = None) -> StoreCl
         from sidecar.backends.kubernetes import open_kubernetes_client
 
         return open_kubernetes_client(config, supervisor)
+    if scheme in ("etcd", "etcds"):
+        from sidecar.backends.etcd import open_etcd_client
+
+        return open_etcd_client(config, supervisor)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this
 
 
@@ -51,4 +55,8 @@ def open_store(config: Config) -> LeaseStore:
         from sidecar.backends.kubernetes import open_kubernetes_store
 
         return open_kubernetes_store(config)
+    if scheme in ("etcd", "etcds"):
+        from sidecar.backends.etcd import open_etcd_store
+
+        return open_etcd_store(config)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this

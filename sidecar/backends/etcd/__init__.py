@@ -1,0 +1,73 @@
+"""The etcd store: one key per lease, written only by conditional ``Txn``s, its expiry observed
+by the followers (never an etcd lease's TTL), watched from the revision read.
+
+Through etcd's gRPC gateway (JSON over HTTP on the client port, every etcd since 3.4) with
+aiohttp: no gRPC library. The guarantees, the layout and the operations are in docs/etcd.md.
+
+* `target` — the ``--store`` URL and the ``--etcd-*`` flags, checked at start-up.
+* `api` — the gateway: endpoints and failover, deadlines, the auth token, the revisions seen.
+* `records` — the keys, the values and the records they decode to.
+* `client` — one client for every lease of a sidecar: requests, the epoch, what was seen.
+* `watch` — the watch streams the leases and candidate groups share.
+* `store` — one lease: the contract's requests and its watch.
+* `candidates` — the candidate registry of a group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sidecar.backends.etcd.client import EtcdStoreClient
+from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
+from sidecar.backends.etcd.target import EtcdTarget, parse_target
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
+    from sidecar.supervisor import Supervisor
+
+__all__ = [
+    "EtcdLease",
+    "EtcdLeaseStore",
+    "EtcdStoreClient",
+    "EtcdTarget",
+    "open_etcd_client",
+    "open_etcd_store",
+    "parse_target",
+]
+
+
+def target_of(config: Config) -> EtcdTarget:
+    """The cluster of ``--store etcd://…`` or ``etcds://…`` and the ``--etcd-*`` flags; its
+    TLS files are loaded now, so a wrong one stops the sidecar at start-up."""
+    target = parse_target(
+        config.store,
+        username=config.etcd_username,
+        password=config.etcd_password,
+        ca_file=config.etcd_ca_file,
+        cert_file=config.etcd_cert_file,
+        key_file=config.etcd_key_file,
+    )
+    target.ssl_context()
+    return target
+
+
+def open_etcd_client(config: Config, supervisor: Supervisor | None = None) -> EtcdStoreClient:
+    """The client shared by every lease of the sidecar; its watch streams run under
+    ``supervisor``."""
+    timing = config.timing
+    return EtcdStoreClient(
+        target_of(config),
+        request_timeout=timing.request_timeout,
+        # A quiet stream is checked once a renewal interval would have spoken (at most every
+        # 5 s), and listed again after a few leases of silence.
+        probe_every=max(0.5, min(5.0, timing.renew_interval)),
+        silence=max(10.0, 3 * timing.lease_duration),
+        supervisor=supervisor,
+    )
+
+
+def open_etcd_store(config: Config) -> EtcdLeaseStore:
+    """The store of ``--lease`` alone, on a client of its own."""
+    return EtcdLeaseStore(
+        target_of(config), config.lease, request_timeout=config.timing.request_timeout
+    )

@@ -1,0 +1,229 @@
+"""One etcd client for every lease of a sidecar: the gateway, the watch streams, the epoch, what
+was last seen of each key, and how failures are reported. `EtcdLease` objects (from `lease`)
+and `EtcdCandidates` (from `candidates`) hold only their keys and borrow all of this."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
+from sidecar.backends.etcd.api import EtcdApi, EtcdError, b64, unavailable
+from sidecar.backends.etcd.records import (
+    ForeignValue,
+    KeyValue,
+    decode_record,
+    put_op,
+    range_op,
+    same_as,
+)
+from sidecar.backends.etcd.target import EtcdTarget
+from sidecar.backends.etcd.watch import WatchHub
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.logs import log
+from sidecar.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from sidecar.backends.etcd.candidates import EtcdCandidates
+    from sidecar.backends.etcd.store import EtcdLease
+
+T = TypeVar("T")
+logger = logging.getLogger("sidecar.etcd")
+
+EPOCH = "~"  # separates a stored version from the epoch it was seen in
+MAX_TXN_OPS = 64
+"""Operations per ``Txn`` the client sends at most (etcd refuses more than ``--max-txn-ops``,
+128 by default)."""
+
+
+class EtcdStoreClient:
+    """Every lease and candidate group of one sidecar in one etcd cluster: one HTTP session to
+    the current endpoint, at most `MAX_IN_FLIGHT` requests at a time, the watch streams of
+    every lease (`WatchHub`), one epoch."""
+
+    MAX_IN_FLIGHT = 16
+
+    def __init__(
+        self,
+        target: EtcdTarget,
+        *,
+        request_timeout: float = 2.0,
+        clock: Clock = SYSTEM_CLOCK,
+        silence: float = 30.0,
+        probe_every: float = 5.0,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.target = target
+        # Restarts a watch stream's task if it fails (a bug: the loop itself never raises).
+        self.supervisor = supervisor or Supervisor()
+        self.request_timeout = request_timeout
+        self.clock = clock
+        self.api = EtcdApi(target, request_timeout=request_timeout, on_restore=self.restored)
+        self._slots = asyncio.Semaphore(self.MAX_IN_FLIGHT)
+        # Bumped whenever this client may have missed a write, or the cluster went back in
+        # time: a watch stream broke (etcd may have been restored meanwhile, behind it), or an
+        # answer showed a revision below one seen before (a restore from an older snapshot).
+        # It is part of every version reported, for every lease, so an observer restarts its
+        # count from what etcd shows *now*: after a restore, an older value can come back
+        # byte for byte, under the revision it had, without the renewals that followed it
+        # (rule 2). One cluster, one epoch.
+        self.epoch = 0
+        # What was last seen of each key (None: absent): a write is conditional on exactly it.
+        self.seen: dict[bytes, KeyValue | None] = {}
+        self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self.hub = WatchHub(self, silence=silence, probe_every=probe_every)
+
+    @property
+    def description(self) -> str:
+        return self.target.describe()
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def record(self, kv: KeyValue) -> LeaseRecord:
+        """The record ``kv`` holds, with this client's epoch in its version. Raises
+        `StoreUnavailable` for a value that is not ours."""
+        try:
+            record = decode_record(kv.value, kv.key)
+        except ForeignValue as exc:
+            raise self.fail("error", str(exc)) from None
+        return dataclasses.replace(record, version=f"{record.version}{EPOCH}{self.epoch}")
+
+    def untagged(self, version: str) -> str | None:
+        """The stored version a reported one names, or None if it was reported in an earlier
+        epoch (seen before etcd may have gone back: no basis for a grant)."""
+        stored, _, epoch = version.rpartition(EPOCH)
+        return stored if epoch == str(self.epoch) else None
+
+    def note(self, key: bytes, kv: KeyValue | None) -> None:
+        """Remember what ``key`` holds, unless a later revision is remembered already (a
+        late watch event must not replace a fresher answer)."""
+        known = self.seen.get(key)
+        if kv is None or known is None or kv.mod_revision >= known.mod_revision:
+            self.seen[key] = kv
+
+    def lost_sight(self, why: str) -> None:
+        """A new epoch: writes this client saw may be gone (see ``epoch``)."""
+        self.epoch += 1
+        log(logger, "info", "etcd: every lease is timed anew", why=why, epoch=self.epoch)
+
+    def restored(self, why: str) -> None:
+        log(logger, "warning", "etcd went back in time", why=why)
+        self.seen.clear()
+        self.lost_sight(why)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def call(self, op: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request, after one of the client's request slots. Raises `StoreUnavailable`
+        with the cause (logged once per distinct problem)."""
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise self.fail(
+                "warning", f"every request slot stayed busy for {self.request_timeout:g}s"
+            ) from None
+        try:
+            answer = await self.api.call(op, path, body)
+        except EtcdError as error:
+            failure = unavailable(error, self.target)
+            self._log_failure(str(failure))
+            raise failure from None
+        finally:
+            self._slots.release()
+        if self._failing is not None:
+            log(logger, "info", "etcd answers again", store=self.description)
+            self._failing = None
+        return answer
+
+    async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run one store operation; anything that is not an answer about the lease becomes
+        `StoreUnavailable`."""
+        try:
+            return await work()
+        except (StoreError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a malformed answer: the contract allows only StoreErrors
+            raise self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}") from exc
+
+    def fail(self, level: str, cause: str) -> StoreUnavailable:
+        message = f"etcd {self.description}: {cause}"
+        self._log_failure(message, level)
+        return StoreUnavailable(message)
+
+    def _log_failure(self, message: str, level: str = "warning") -> None:
+        if message != self._failing:
+            log(logger, level, "etcd unavailable", store=self.description, error=message)
+            self._failing = message
+
+    async def read(self, key: bytes) -> KeyValue | None:
+        """The key, linearizably. Raises `StoreUnavailable`."""
+        answer = await self.call("range", "/v3/kv/range", range_op(key))
+        kvs = answer.get("kvs") or []
+        kv = KeyValue.decode(kvs[0]) if kvs else None
+        self.note(key, kv)
+        return kv
+
+    async def read_ranges(
+        self, ranges: list[tuple[bytes, bytes | None]]
+    ) -> tuple[list[list[KeyValue]], int]:
+        """Several keys or prefixes in one linearizable read-only ``Txn`` (at most
+        `MAX_TXN_OPS`): what each holds and the revision they were read at."""
+        body = {"success": [{"request_range": range_op(key, end)} for key, end in ranges]}
+        answer = await self.call("read", "/v3/kv/txn", body)
+        found: list[list[KeyValue]] = []
+        for response in answer.get("responses") or []:
+            kvs = (response.get("response_range") or {}).get("kvs") or []
+            found.append([KeyValue.decode(kv) for kv in kvs])
+        if len(found) != len(ranges):
+            raise self.fail("error", f"a read of {len(ranges)} ranges answered {len(found)}")
+        revision = int((answer.get("header") or {}).get("revision") or 0)
+        return found, revision
+
+    async def swap(
+        self, op: str, key: bytes, seen: KeyValue | None, value: bytes | None
+    ) -> tuple[bool, KeyValue | None]:
+        """Write ``value`` (None: delete the key) if ``key`` still holds exactly ``seen``
+        (None: nothing), in one ``Txn`` (rule 1). Returns (written, what the key holds now):
+        the write, or what the ``Txn`` read instead of writing."""
+        then = [
+            put_op(key, value) if value is not None else {"request_delete_range": range_op(key)}
+        ]
+        body = {
+            "compare": same_as(key, seen),
+            "success": then,
+            "failure": [{"request_range": range_op(key)}],
+        }
+        answer = await self.call(op, "/v3/kv/txn", body)
+        if answer.get("succeeded"):
+            revision = int((answer.get("header") or {}).get("revision") or 0)
+            now = None if value is None else KeyValue(key, value, revision)
+            self.seen[key] = now
+            return True, now
+        responses = answer.get("responses") or [{}]
+        kvs = (responses[0].get("response_range") or {}).get("kvs") or []
+        kv = KeyValue.decode(kvs[0]) if kvs else None
+        self.note(key, kv)
+        return False, kv
+
+    async def delete_prefix(self, prefix: bytes, end: bytes) -> None:
+        await self.call("delete", "/v3/kv/deleterange", {"key": b64(prefix), "range_end": b64(end)})
+
+    # -- the StoreClient contract -----------------------------------------------------------
+
+    def lease(self, name: str) -> EtcdLease:
+        from sidecar.backends.etcd.store import EtcdLease
+
+        return EtcdLease(self, name)
+
+    def candidates(self, group: str) -> EtcdCandidates:
+        from sidecar.backends.etcd.candidates import EtcdCandidates
+
+        return EtcdCandidates(self, group)
+
+    async def close(self) -> None:
+        await self.hub.close()
+        await self.api.close()

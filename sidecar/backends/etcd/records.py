@@ -1,0 +1,207 @@
+"""What the store keeps in etcd: the keys, the values (JSON, readable with ``etcdctl get``) and
+the records they decode to.
+
+Keys, under the prefix of the ``--store`` URL (``leader-sidecar`` by default):
+
+* ``PREFIX/lease/NAME`` — one key per lease. Its value is JSON ``{"holder", "term",
+  "duration_ms", "version", "acquired_at", "renewed_at", "handed"?}``; after a release
+  ``{"holder": null, "term", "released": true, "version", "duration_ms", "successor"?}``; a
+  loss marker ``{"holder": null, "term", "lost": true, "version", "duration_ms"}``.
+* ``PREFIX/candidates/GROUP/IDENTITY`` — one key per candidate of a group (`candidates`).
+
+``version`` is a random token, new on every write. It is what the elector compares (rule 2),
+with the epoch of the client that saw it (`sidecar.backends.etcd.client`): etcd's
+``mod_revision`` alone is not enough, since a cluster restored from an older snapshot counts
+its revisions again from there and can show another record under a revision seen before.
+Every write is conditional on both the ``mod_revision`` and the exact value the caller saw
+(rule 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sidecar.backends.base import LeaseRecord
+from sidecar.backends.etcd.api import b64, unb64
+
+
+def lease_key(prefix: str, lease: str) -> bytes:
+    return f"{prefix}/lease/{lease}".encode()
+
+
+def candidates_prefix(prefix: str, group: str) -> bytes:
+    """Every candidate of ``group``; the trailing ``/`` keeps group ``a`` from reading ``a-b``."""
+    return f"{prefix}/candidates/{group}/".encode()
+
+
+def range_end(prefix: bytes) -> bytes:
+    """The end of the key range of everything starting with ``prefix`` (etcd's ``--prefix``)."""
+    end = bytearray(prefix)
+    for i in reversed(range(len(end))):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+def new_version() -> str:
+    """A version no write ever had: 64 random bits."""
+    return secrets.token_hex(8)
+
+
+def ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as etcd answered it."""
+
+    key: bytes
+    value: bytes
+    mod_revision: int
+
+    @classmethod
+    def decode(cls, raw: dict[str, Any]) -> KeyValue:
+        return cls(
+            key=unb64(raw.get("key")),
+            value=unb64(raw.get("value")),
+            mod_revision=int(raw.get("mod_revision") or 0),
+        )
+
+
+class ForeignValue(ValueError):
+    """A value under one of our keys that is not ours."""
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def grant_value(
+    holder: str,
+    term: int,
+    duration: float,
+    wall: datetime,
+    *,
+    acquired_at: str | None = None,
+    handed: str | None = None,
+) -> bytes:
+    value: dict[str, Any] = {
+        "holder": holder,
+        "term": term,
+        "duration_ms": ms(duration),
+        "version": new_version(),
+        "acquired_at": acquired_at or wall.isoformat(),
+        "renewed_at": wall.isoformat(),
+    }
+    if handed is not None:
+        value["handed"] = handed
+    return encode(value)
+
+
+def released_value(term: int, duration: float, successor: str | None) -> bytes:
+    value: dict[str, Any] = {
+        "holder": None,
+        "term": term,
+        "released": True,
+        "version": new_version(),
+        "duration_ms": ms(duration),
+    }
+    if successor:
+        value["successor"] = successor
+    return encode(value)
+
+
+def marker_value(term: int, duration: float) -> bytes:
+    return encode(
+        {
+            "holder": None,
+            "term": term,
+            "lost": True,
+            "version": new_version(),
+            "duration_ms": ms(duration),
+        }
+    )
+
+
+def decode_record(value: bytes, key: bytes) -> LeaseRecord:
+    """The record a lease key holds (its version not yet tagged with an epoch). Raises
+    `ForeignValue` for anything that is not ours."""
+    try:
+        data = json.loads(value)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        term = data["term"]
+        if not isinstance(term, int) or isinstance(term, bool) or term < 0:
+            raise TypeError(f"term {term!r} is not a whole number")
+        version = data["version"]
+        if not isinstance(version, str) or not version:
+            raise TypeError("no version")
+        released = data.get("released") is True
+        holder = data.get("holder")
+        if holder is not None and (not isinstance(holder, str) or not holder or released):
+            raise TypeError(f"holder {holder!r}")
+        successor = data.get("successor") if released else None
+        handed = data.get("handed") if holder is not None else None
+        return LeaseRecord(
+            holder=holder,
+            term=term,
+            duration=float(data.get("duration_ms") or 0) / 1000,
+            version=version,
+            released=released,
+            successor=str(successor) if successor else None,
+            handed=str(handed) if handed else None,
+            acquired_at=wall_time(data.get("acquired_at")),
+            renewed_at=wall_time(data.get("renewed_at")),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        shown = value[:80].decode(errors="replace")
+        raise ForeignValue(
+            f"the key {key.decode(errors='replace')} holds a value that is not a lease record "
+            f"({exc}): {shown!r}; delete it (etcdctl del) or use another --store prefix"
+        ) from None
+
+
+def wall_time(value: object) -> datetime | None:
+    """A stored ISO stamp (for humans and GC), or None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+
+def range_op(key: bytes, end: bytes | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": b64(key)}
+    if end is not None:
+        body["range_end"] = b64(end)
+    return body
+
+
+def same_as(key: bytes, seen: KeyValue | None) -> list[dict[str, Any]]:
+    """The compares of "the key holds exactly what was seen": absent (``None``), or the same
+    ``mod_revision`` *and* the same value (a restored cluster can reuse a revision)."""
+    if seen is None:
+        return [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+    return [
+        {
+            "key": b64(key),
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": str(seen.mod_revision),
+        },
+        {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(seen.value)},
+    ]
+
+
+def put_op(key: bytes, value: bytes) -> dict[str, Any]:
+    return {"request_put": {"key": b64(key), "value": b64(value)}}

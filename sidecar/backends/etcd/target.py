@@ -1,0 +1,140 @@
+"""Where the leases live in etcd: the ``--store`` URL and the ``--etcd-*`` flags, parsed and
+checked at start-up so that a mistake stops the sidecar with the flag's name."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import ssl
+import urllib.parse
+from collections.abc import Callable
+
+from sidecar.config import ConfigError
+from sidecar.redact import redact_url
+
+DEFAULT_PORT = 2379
+DEFAULT_PREFIX = "leader-sidecar"
+_PREFIX = re.compile(r"[A-Za-z0-9._/-]{1,200}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdTarget:
+    """The cluster (its client endpoints, tried in order), the key prefix, TLS and the user."""
+
+    scheme: str  # etcd | etcds
+    endpoints: tuple[tuple[str, int], ...]
+    prefix: str = DEFAULT_PREFIX
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "etcds"
+
+    def base_url(self, index: int) -> str:
+        host, port = self.endpoints[index]
+        return f"{'https' if self.tls else 'http'}://{join_host(host, port)}"
+
+    def describe(self) -> str:
+        """The URL without credentials, for logs and ``status``."""
+        hosts = ",".join(join_host(host, port) for host, port in self.endpoints)
+        user = f"{self.username}@" if self.username else ""
+        return f"{self.scheme}://{user}{hosts}/{self.prefix}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of ``etcds://`` (the CA, or the system's, and the client
+        certificate); None for plain ``etcd://``. Raises `ConfigError` naming the flag."""
+        if not self.tls:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigError(
+                "--etcd-ca-file", self.ca_file, f"cannot be loaded as PEM CA certificates: {exc}"
+            ) from None
+        if self.cert_file:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ConfigError(
+                    "--etcd-cert-file",
+                    self.cert_file,
+                    f"cannot be loaded with --etcd-key-file={self.key_file} as a PEM "
+                    f"certificate and its private key: {exc}",
+                ) from None
+        return context
+
+
+def join_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_target(
+    url: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> EtcdTarget:
+    """``etcd://[user:password@]host[:port][,host[:port]…][/key/prefix]`` or ``etcds://…``
+    (TLS). Flag values override the URL's credentials. Raises `ConfigError` naming the
+    problem."""
+
+    def bad(allowed: str) -> ConfigError:
+        return ConfigError("--store", redact_url(url), allowed)
+
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("etcd", "etcds"):
+        raise bad("not an etcd:// or etcds:// URL")
+    if parsed.query or parsed.fragment:
+        raise bad(
+            "takes no ?query or #fragment: give TLS and credentials as --etcd-* flags or "
+            "LEADER_SIDECAR_ETCD_* variables"
+        )
+    userinfo, _, hostlist = parsed.netloc.rpartition("@")
+    url_user, _, url_password = userinfo.partition(":")
+    endpoints = tuple(_split_host(part, bad) for part in hostlist.split(","))
+    prefix = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+    prefix = urllib.parse.unquote(prefix).rstrip("/") or DEFAULT_PREFIX
+    if not _PREFIX.fullmatch(prefix):
+        raise bad(
+            "the path is the key prefix: at most 200 characters from A-Z a-z 0-9 . _ - /, "
+            "e.g. etcd://host:2379/team-a/leases"
+        )
+    if parsed.scheme != "etcds":
+        for flag, value in (("--etcd-ca-file", ca_file), ("--etcd-cert-file", cert_file)):
+            if value:
+                raise ConfigError(flag, value, "only applies to an etcds:// (TLS) store")
+    user = username or (urllib.parse.unquote(url_user) or None)
+    secret = password or (urllib.parse.unquote(url_password) or None)
+    if secret and not user:
+        raise ConfigError(
+            "--etcd-password", "(hidden)", "needs a user: give --etcd-username or user@ in the URL"
+        )
+    return EtcdTarget(
+        scheme=parsed.scheme,
+        endpoints=endpoints,
+        prefix=prefix,
+        username=user,
+        password=secret,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+    )
+
+
+def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]:
+    host, port = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    if not host or (port and not (port.isdigit() and 0 < int(port) <= 65535)):
+        raise bad(f"{text!r} is not HOST or HOST:PORT")
+    return host, int(port) if port else DEFAULT_PORT
