@@ -44,6 +44,10 @@ async def requests_of(harness: StoreHarness, client: StoreClient) -> int:
         return client.connection.writes
     if isinstance(client, MemoryStoreClient):
         return client.server.batches
+    from sidecar.backends.etcd import EtcdStoreClient
+
+    if isinstance(client, EtcdStoreClient):
+        return client.writes
     from sidecar.backends.redis import RedisStoreClient
 
     assert isinstance(client, RedisStoreClient)

@@ -111,7 +111,7 @@ class EtcdCandidates:
 
     async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         """Every record of the group at each change, after every (re)connection first."""
-        subscription = self.client.hub.join(self.prefix, self.end)
+        subscription = self.client.hub.join(self.prefix, self.end, within=(self.prefix, self.end))
         self._following += 1
         try:
             while True:

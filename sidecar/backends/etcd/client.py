@@ -7,17 +7,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
-from sidecar.backends.etcd.api import EtcdApi, EtcdError, b64, unavailable
+from sidecar.backends.base import (
+    Conflict,
+    LeaseRecord,
+    NotOwned,
+    Renewal,
+    RenewalOutcome,
+    StoreError,
+    StoreUnavailable,
+)
+from sidecar.backends.etcd.api import EtcdApi, EtcdError, unavailable
 from sidecar.backends.etcd.records import (
     ForeignValue,
     KeyValue,
     decode_record,
+    lease_key,
     put_op,
+    range_end,
     range_op,
+    renewal_value,
     same_as,
 )
 from sidecar.backends.etcd.target import EtcdTarget
@@ -31,9 +42,11 @@ if TYPE_CHECKING:
     from sidecar.backends.etcd.store import EtcdLease
 
 T = TypeVar("T")
+C = TypeVar("C")
 logger = logging.getLogger("sidecar.etcd")
 
 EPOCH = "~"  # separates a stored version from the epoch it was seen in
+RENEW_ROUNDS = 3
 MAX_TXN_OPS = 64
 """Operations per ``Txn`` the client sends at most (etcd refuses more than ``--max-txn-ops``,
 128 by default)."""
@@ -74,7 +87,11 @@ class EtcdStoreClient:
         # What was last seen of each key (None: absent): a write is conditional on exactly it.
         self.seen: dict[bytes, KeyValue | None] = {}
         self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self.writes = 0  # Txns that write, sent (tests count requests, as client-go's do)
         self.hub = WatchHub(self, silence=silence, probe_every=probe_every)
+        # Every lease's key is under this range: the leases share one watch stream of it.
+        leases = lease_key(target.prefix, "")
+        self.leases_range = (leases, range_end(leases))
 
     @property
     def description(self) -> str:
@@ -197,6 +214,7 @@ class EtcdStoreClient:
             "success": then,
             "failure": [{"request_range": range_op(key)}],
         }
+        self.writes += 1
         answer = await self.call(op, "/v3/kv/txn", body)
         if answer.get("succeeded"):
             revision = int((answer.get("header") or {}).get("revision") or 0)
@@ -209,8 +227,134 @@ class EtcdStoreClient:
         self.note(key, kv)
         return False, kv
 
-    async def delete_prefix(self, prefix: bytes, end: bytes) -> None:
-        await self.call("delete", "/v3/kv/deleterange", {"key": b64(prefix), "range_end": b64(end)})
+    # -- many renewals in one round trip (`RenewsMany`) ----------------------------------------
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """`RenewsMany`: one ``Txn`` whose ``Then`` holds a nested ``Txn`` per lease (each as
+        conditional as a lease's own renewal: a flat ``Txn``'s compares would be
+        all-or-nothing), at most `MAX_TXN_OPS` leases per ``Txn`` (etcd refuses more than
+        ``--max-txn-ops``); larger batches go as several ``Txn``s at once. A lease whose
+        compare lost a race answers `Conflict`: its elector renews it again at once."""
+        if not renewals:
+            return []
+        keys = [lease_key(self.target.prefix, r.name) for r in renewals]
+        unseen = [key for key in keys if key not in self.seen]
+        for chunk in _chunks(unseen, MAX_TXN_OPS):
+            found, _revision = await self.read_ranges([(key, None) for key in chunk])
+            for key, kvs in zip(chunk, found, strict=True):
+                self.note(key, kvs[0] if kvs else None)
+        outcomes: list[RenewalOutcome | None] = [None] * len(renewals)
+        pending = list(range(len(renewals)))
+        # A lease whose compare lost (its record changed since this client saw it: a watch
+        # event not in yet, a store that lost it) goes again on what the failed Txn read, as
+        # a lease's own renewal does; at most `RENEW_ROUNDS` requests in a row.
+        for _round in range(RENEW_ROUNDS):
+            planned = self._plan_renewals(renewals, keys, pending, outcomes)
+            if not planned:
+                break
+            pending = await self._send_renewals(planned, outcomes)
+        for index in pending:
+            if outcomes[index] is None:
+                outcomes[index] = Conflict("the lease kept changing under the renewal", None)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _plan_renewals(
+        self,
+        renewals: Sequence[Renewal],
+        keys: list[bytes],
+        pending: list[int],
+        outcomes: list[RenewalOutcome | None],
+    ) -> list[_Planned]:
+        """What each pending renewal writes over what this client saw of its key; a lease
+        that is not the caller's is answered at once (NotOwned, as `renew` would)."""
+        planned: list[_Planned] = []
+        wall = self.clock.wall()
+        for index in pending:
+            renewal, key = renewals[index], keys[index]
+            seen = self.seen.get(key)
+            try:
+                record = None if seen is None else self.record(seen)
+            except StoreUnavailable as foreign:
+                outcomes[index] = foreign
+                continue
+            value = renewal_value(record, renewal.identity, renewal.term, renewal.duration, wall)
+            if value is None:
+                outcomes[index] = NotOwned(
+                    f"not held by {renewal.identity} with term {renewal.term}", record
+                )
+                continue
+            planned.append(_Planned(index, key, seen, value))
+        return planned
+
+    async def _send_renewals(
+        self,
+        planned: list[_Planned],
+        outcomes: list[RenewalOutcome | None],
+    ) -> list[int]:
+        """The planned renewals, `MAX_TXN_OPS` per ``Txn``, the ``Txn``s at once. Fills in
+        ``outcomes``; returns the leases to try again. Raises `StoreUnavailable` when no
+        ``Txn`` answered (nothing is known about any lease)."""
+        chunks = list(_chunks(planned, MAX_TXN_OPS))
+        answers = await asyncio.gather(
+            *(self._renew_chunk(chunk) for chunk in chunks), return_exceptions=True
+        )
+        failures = [a for a in answers if isinstance(a, BaseException)]
+        if len(failures) == len(answers):
+            raise failures[0]
+        again: list[int] = []
+        for chunk, answer in zip(chunks, answers, strict=True):
+            if isinstance(answer, StoreError):
+                for entry in chunk:
+                    outcomes[entry.index] = answer
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            for entry, (written, now) in zip(chunk, answer, strict=True):
+                try:
+                    record = None if now is None else self.record(now)
+                except StoreUnavailable as foreign:
+                    outcomes[entry.index] = foreign
+                    continue
+                if written:
+                    assert record is not None
+                    outcomes[entry.index] = record
+                else:
+                    again.append(entry.index)  # planned again on what the Txn read
+        return again
+
+    async def _renew_chunk(self, chunk: list[_Planned]) -> list[tuple[bool, KeyValue | None]]:
+        """One ``Txn`` of nested ``Txn``s: per lease (written, what the key holds now)."""
+        nested = [
+            {
+                "request_txn": {
+                    "compare": same_as(entry.key, entry.seen),
+                    "success": [put_op(entry.key, entry.value)],
+                    "failure": [{"request_range": range_op(entry.key)}],
+                }
+            }
+            for entry in chunk
+        ]
+        self.writes += 1
+        answer = await self.call("renew many", "/v3/kv/txn", {"success": nested})
+        revision = int((answer.get("header") or {}).get("revision") or 0)
+        responses = answer.get("responses") or []
+        if len(responses) != len(chunk):
+            raise self.fail("error", f"a batch of {len(chunk)} answered {len(responses)}")
+        results: list[tuple[bool, KeyValue | None]] = []
+        for entry, response in zip(chunk, responses, strict=True):
+            key, value = entry.key, entry.value
+            txn = response.get("response_txn") or {}
+            if txn.get("succeeded"):
+                now: KeyValue | None = KeyValue(key, value, revision)
+                self.seen[key] = now
+                results.append((True, now))
+                continue
+            inner = (txn.get("responses") or [{}])[0]
+            kvs = (inner.get("response_range") or {}).get("kvs") or []
+            now = KeyValue.decode(kvs[0]) if kvs else None
+            self.note(key, now)
+            results.append((False, now))
+        return results
 
     # -- the StoreClient contract -----------------------------------------------------------
 
@@ -227,3 +371,18 @@ class EtcdStoreClient:
     async def close(self) -> None:
         await self.hub.close()
         await self.api.close()
+
+
+def _chunks(items: list[C], size: int) -> Iterator[list[C]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Planned:
+    """One lease of a batch: the write, and the key's state it is conditional on."""
+
+    index: int
+    key: bytes
+    seen: KeyValue | None
+    value: bytes

@@ -25,7 +25,7 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sidecar.backends.base import LeaseRecord
+from sidecar.backends.base import LeaseRecord, lost_grant
 from sidecar.backends.etcd.api import b64, unb64
 
 
@@ -102,6 +102,21 @@ def grant_value(
     if handed is not None:
         value["handed"] = handed
     return encode(value)
+
+
+def renewal_value(
+    record: LeaseRecord | None, identity: str, term: int, duration: float, wall: datetime
+) -> bytes | None:
+    """What a renewal of ``identity``'s grant of ``term`` writes over ``record``: the grant
+    renewed (``handed`` cleared: the first renewal ends a hand-over), or put back where etcd
+    lost it (deleted, restored from an older snapshot, a loss marker of that term: rule 5);
+    None when the lease is not the caller's (a later grant, someone else's, a release)."""
+    if record is not None and record.holder == identity and record.term == term:
+        acquired = record.acquired_at.isoformat() if record.acquired_at else None
+        return grant_value(identity, term, duration, wall, acquired_at=acquired)
+    if lost_grant(record, term):
+        return grant_value(identity, term, duration, wall)
+    return None
 
 
 def released_value(term: int, duration: float, successor: str | None) -> bytes:

@@ -20,7 +20,6 @@ from sidecar.backends.base import (
     LeaseRecord,
     NotOwned,
     StoreUnavailable,
-    lost_grant,
     room_for_marker,
 )
 from sidecar.backends.etcd.client import EtcdStoreClient
@@ -31,6 +30,7 @@ from sidecar.backends.etcd.records import (
     marker_value,
     range_op,
     released_value,
+    renewal_value,
 )
 from sidecar.backends.etcd.target import EtcdTarget
 
@@ -109,16 +109,8 @@ class EtcdLease:
             seen = await self._current()
             for _ in range(_TRIES):
                 record = self._record(seen)
-                wall = client.clock.wall()
-                if record is not None and record.holder == identity and record.term == term:
-                    # Ours: renewed, ``handed`` cleared (the first renewal ends a hand-over).
-                    acquired = record.acquired_at.isoformat() if record.acquired_at else None
-                    value = grant_value(identity, term, duration, wall, acquired_at=acquired)
-                elif lost_grant(record, term):
-                    # etcd lost our grant (deleted, restored from an older snapshot, a marker
-                    # of our term): put it back, so our term stays used (rule 5).
-                    value = grant_value(identity, term, duration, wall)
-                else:
+                value = renewal_value(record, identity, term, duration, client.clock.wall())
+                if value is None:
                     raise NotOwned(f"not held by {identity} with term {term}", record)
                 written, now = await client.swap("renew", self.key, seen, value)
                 if written:
@@ -202,7 +194,7 @@ class EtcdLease:
         """The key once after every (re)connection of its watch stream (read linearizably,
         then watched from the revision read + 1: nothing in between is missed), then on
         every change. A value that is not ours is skipped (reads report it). Never raises."""
-        subscription = self.client.hub.join(self.key, None)
+        subscription = self.client.hub.join(self.key, None, within=self.client.leases_range)
         try:
             while True:
                 state = await subscription.next()

@@ -1,44 +1,52 @@
 """The watch streams of one client, shared by every lease and candidate group it follows.
 
-A subscription is one key (a lease) or one prefix (a candidate group). Subscriptions that join
-together (a sidecar opens every lease's watch at start) share one stream: one streaming
-``POST /v3/watch`` whose body carries a ``create_request`` per subscription, so a thousand
-leases mean one connection, not a thousand. (etcd 3.4's gateway serves a websocket for
-watches too, where requests could be added later, but it cannot carry an auth token; a
-streaming POST can, so every watch uses it.) A subscription that joins later (the candidates
-of a replica that just became leader) gets a stream of its own.
+A stream is one streaming ``POST /v3/watch`` with one watcher over one key range: every lease
+of the client shares the stream of ``PREFIX/lease/`` (a thousand leases mean one connection,
+not a thousand), each followed candidate group has the stream of its own prefix. A
+subscription is one key (a lease) or a prefix (a group) inside its stream's range; events of
+other keys in the range (another sidecar's leases under the same prefix) are dropped here.
+
+Why one watcher per stream: etcd's gateway answers while it still reads the request body,
+and Go's HTTP/1 server then throws the unread rest of the body away, so the watchers of a
+body with many ``create_request``s are created or lost at random (seen here with 100). A
+websocket watch would take requests at any time, but etcd 3.4's websocket proxy cannot carry
+an auth token (it forwards only ``Bearer <token>``, which etcd refuses). So: one request per
+body, one body per stream.
 
 Each stream's life, reflector-style:
 
-1. **Read, then watch from there.** Every subscription's keys are read linearizably (a
-   read-only ``Txn``, at most `MAX_TXN_OPS` ranges each) and handed to it as they are; its
-   watcher then starts at the revision of that read + 1, so no change between the read and
-   the watch is missed.
+1. **Read, then watch from there.** Every subscription's keys are read linearizably (read-only
+   ``Txn``s of at most `MAX_TXN_OPS` ranges) and handed to it as they are; the watcher starts
+   at the lowest revision read + 1, and each subscription takes only events after its own
+   read, so no change between a read and the watch is missed or applied twice. A
+   subscription that joins a running stream makes it list again (no new epoch: nothing
+   broke); joins come at start, all together, and the hub waits `JOIN_BATCH` for them.
 2. **Events** update each subscription's keys as they come (coalesced: a subscriber that is
    busy sees the newest state, never an old one after a new one).
-3. **Any broken stream lists again** (an error, the end of the body, a watcher cancelled:
+3. **Any broken stream lists again** (an error, the end of the body, the watcher cancelled:
    ``ErrCompacted`` when its revision was compacted away, a permission refused), after a
    jittered back-off that doubles up to 30 s and starts over once a stream has stayed up
-   `HEALTHY` seconds; a stream that ends within a second with no event is a failure, never a
-   reason to reconnect at once. A broken stream starts a new epoch of the client: writes may
-   have been missed, and etcd may have been restored behind it.
+   `HEALTHY` seconds (a very short watch is a failure like any other, never a reason to
+   reconnect at once). A broken stream starts a new epoch of the client: writes may have
+   been missed, and etcd may have been restored behind it.
 4. **A silent stream is checked.** A member cut off from its quorum keeps its streams open
-   and quiet, and answers watch progress requests from its own stale state, so silence alone
-   says nothing: after `probe_every` seconds without a message the hub reads one key
-   linearizably on the same endpoint; an error there (no leader, a timeout) breaks the
-   stream and the client moves to the next endpoint. A stream silent for `silence` seconds
-   even so (a proxy that holds a dead connection open) is listed again.
+   and quiet, and answers progress requests from its own stale state, so silence says
+   nothing by itself: after `probe_every` seconds without a message the hub reads one key
+   linearizably on the stream's endpoint; an error there (no leader, a timeout) breaks the
+   stream, and the client moves to the next endpoint. A stream silent for `silence` seconds
+   even so (a proxy holding a dead connection open) lists again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -54,26 +62,36 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sidecar.etcd")
 
 BACKOFF = (0.1, 30.0)  # seconds: the first retry, the longest
-HEALTHY = 30.0  # a stream up this long resets the back-off
-JOIN_BATCH = 0.02  # joins this close together share one stream
+HEALTHY = 30.0  # a stream up this long starts the back-off over
+JOIN_BATCH = 0.02  # seconds the hub waits for more subscriptions before it lists
 MAX_LINE = 4 * 1024 * 1024  # bytes in one watch message; longer breaks the stream
 
 
 class Subscription:
-    """One key or prefix: what it holds now, and whether its stream is watching it."""
+    """One key (``end`` None) or key range: what it holds now, and whether it is watched."""
 
     def __init__(self, key: bytes, end: bytes | None) -> None:
         self.key = key
         self.end = end
         self.state: dict[bytes, KeyValue] = {}
+        self.since: int | None = None  # the revision it was last read at (None: not yet)
         self.watching = False
         self._ready = asyncio.Event()
 
-    def snapshot(self, kvs: list[KeyValue]) -> None:
+    def matches(self, key: bytes) -> bool:
+        if self.end is None:
+            return key == self.key
+        return self.key <= key < self.end
+
+    def snapshot(self, kvs: list[KeyValue], revision: int) -> None:
         self.state = {kv.key: kv for kv in kvs}
+        self.since = revision
         self._ready.set()
 
     def apply(self, kind: str, kv: KeyValue) -> None:
+        """One event, unless the last read already saw it (its revision is not after)."""
+        if self.since is None or kv.mod_revision <= self.since:
+            return
         if kind == "DELETE":
             self.state.pop(kv.key, None)
         else:
@@ -92,13 +110,17 @@ class Broken(Exception):
 
 
 class Relist(Exception):
-    """The stream is no longer worth following (silent too long): list again now."""
+    """List again now, in the same epoch (silent too long, or a subscription joined)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Stream:
-    subscriptions: list[Subscription]
+    key: bytes
+    end: bytes
+    subscriptions: list[Subscription] = dataclasses.field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    connected: bool = False
+    joined: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 class WatchHub:
@@ -114,50 +136,43 @@ class WatchHub:
         self.silence = silence
         self.probe_every = probe_every
         self._rng = rng or random.Random()
-        self._streams: list[_Stream] = []
-        self._pending: list[Subscription] = []
-        self._batching: asyncio.Task[None] | None = None
-        self.streams_opened = 0  # for tests and logs
+        self._streams: dict[tuple[bytes, bytes], _Stream] = {}
+        self.streams_opened = 0  # watch requests sent (tests count them)
 
-    def join(self, key: bytes, end: bytes | None) -> Subscription:
+    def join(self, key: bytes, end: bytes | None, *, within: tuple[bytes, bytes]) -> Subscription:
+        """Follow ``key`` (or the range up to ``end``) on the stream of the range ``within``."""
         subscription = Subscription(key, end)
-        self._pending.append(subscription)
-        if self._batching is None or self._batching.done():
-            self._batching = asyncio.create_task(self._start_batch(), name="etcd-watch-batch")
+        stream = self._streams.get(within)
+        if stream is None:
+            stream = _Stream(*within)
+            self._streams[within] = stream
+        stream.subscriptions.append(subscription)
+        if stream.task is None:
+            stream.task = self.client.supervisor.spawn("etcd-watch", lambda: self._run(stream))
+        else:
+            stream.joined.set()  # list again (once the joins of this moment are in)
         return subscription
 
     def watching(self, key: bytes) -> bool:
         """Some subscription of ``key`` is watched now (its stream is up)."""
         return any(
-            s.watching for stream in self._streams for s in stream.subscriptions if s.key == key
-        )
+            s.watching for stream in self._streams.values() for s in stream.subscriptions
+            if s.key == key
+        )  # fmt: skip
 
     def leave(self, subscription: Subscription) -> None:
         subscription.watching = False
-        if subscription in self._pending:
-            self._pending.remove(subscription)
-            return
-        for stream in list(self._streams):
+        for within, stream in list(self._streams.items()):
             if subscription in stream.subscriptions:
                 stream.subscriptions.remove(subscription)
                 if not stream.subscriptions:
-                    self._streams.remove(stream)
+                    del self._streams[within]
                     if stream.task is not None:
                         stream.task.cancel()
 
-    async def _start_batch(self) -> None:
-        await asyncio.sleep(JOIN_BATCH)
-        batch, self._pending = self._pending, []
-        if batch:
-            stream = _Stream(batch)
-            stream.task = self.client.supervisor.spawn("etcd-watch", lambda: self._run(stream))
-            self._streams.append(stream)
-
     async def close(self) -> None:
-        tasks = [s.task for s in self._streams if s.task is not None]
-        if self._batching is not None:
-            tasks.append(self._batching)
-        self._streams, self._pending = [], []
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        self._streams = {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,36 +180,28 @@ class WatchHub:
     # -- one stream ---------------------------------------------------------------------------
 
     async def _run(self, stream: _Stream) -> None:
-        """Read, watch, and again after every break, until cancelled; never raises."""
+        """List, watch, and again after every break, until cancelled; never raises."""
         failures = 0
         while True:
+            await asyncio.sleep(JOIN_BATCH)
+            stream.joined.clear()
             opened = time.monotonic()
-            events = 0
             try:
-                starts = await self._read(stream.subscriptions)
-                async for _ in self._watch(stream.subscriptions, starts):
-                    events += 1
-                    if time.monotonic() - opened >= HEALTHY:
-                        failures = 0
+                await self._follow(stream)
             except asyncio.CancelledError:
                 raise
             except Relist as relist:
-                log(logger, "info", "etcd watch silent; listing again", why=str(relist))
+                log(logger, "debug", "etcd watch lists again", why=str(relist))
                 continue
-            except Exception as exc:  # Broken, StoreError, EtcdError, bad JSON, ...
-                lived = time.monotonic() - opened
-                was_watching = any(s.watching for s in stream.subscriptions)
-                for subscription in stream.subscriptions:
-                    subscription.watching = False
-                if was_watching:
-                    self.client.lost_sight(f"the watch stream broke: {exc}")
-                # A stream that lived long enough starts the back-off over; any shorter one,
-                # a very short watch with no event above all, counts as one more failure.
-                if lived >= HEALTHY:
+            except Exception as exc:  # Broken, StoreError, bad JSON, ...
+                was_connected = stream.connected
+                if time.monotonic() - opened >= HEALTHY:
                     failures = 0
                 failures += 1
                 delay = min(BACKOFF[1], BACKOFF[0] * 2 ** (failures - 1))
                 delay *= self._rng.uniform(0.5, 1.0)
+                if was_connected:
+                    self.client.lost_sight(f"the watch stream broke: {exc}")
                 log(
                     logger,
                     "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
@@ -204,100 +211,117 @@ class WatchHub:
                     retry_in_seconds=round(delay, 3),
                 )
                 await asyncio.sleep(delay)
-                continue
-            # The server ended the stream cleanly: a failure too (etcd never does by itself).
-            for subscription in stream.subscriptions:
-                subscription.watching = False
-            self.client.lost_sight("the watch stream ended")
-            failures += 1
-            await asyncio.sleep(BACKOFF[0] * self._rng.uniform(0.5, 1.0))
+            finally:
+                stream.connected = False
+                for subscription in stream.subscriptions:
+                    subscription.watching = False
 
-    async def _read(self, subscriptions: list[Subscription]) -> list[int]:
-        """Every subscription's keys, read linearizably and handed over; the revision each
-        watcher starts after."""
-        from sidecar.backends.etcd.client import MAX_TXN_OPS
-
-        starts: list[int] = []
-        for chunk in _chunks(list(subscriptions), MAX_TXN_OPS):
-            found, revision = await self.client.read_ranges([(s.key, s.end) for s in chunk])
-            for subscription, kvs in zip(chunk, found, strict=True):
-                subscription.snapshot(kvs)
-                starts.append(revision)
-        return starts
-
-    async def _watch(self, subscriptions: list[Subscription], starts: list[int]) -> Any:
-        """Follow the stream; yields once per event. Raises `Broken` or `Relist`."""
-        creates = []
-        for watch_id, (subscription, start) in enumerate(zip(subscriptions, starts, strict=True)):
-            create: dict[str, Any] = {
-                "key": b64(subscription.key),
-                "start_revision": str(start + 1),
-                "watch_id": str(watch_id + 1),
-                "progress_notify": True,
-            }
-            if subscription.end is not None:
-                create["range_end"] = b64(subscription.end)
-            creates.append(json.dumps({"create_request": create}, separators=(",", ":")))
-        body = ("\n".join(creates) + "\n").encode()
-        by_id = {str(i + 1): s for i, s in enumerate(subscriptions)}
-        self.streams_opened += 1
+    async def _follow(self, stream: _Stream) -> None:
+        """One connection: read every subscription, watch the range from there. Raises
+        `Broken` or `Relist`."""
+        subscriptions = list(stream.subscriptions)
+        start = await self._read(subscriptions)
+        create = {
+            "key": b64(stream.key),
+            "range_end": b64(stream.end),
+            "start_revision": str(start + 1),
+            "progress_notify": True,
+        }
+        body = json.dumps({"create_request": create}, separators=(",", ":")).encode() + b"\n"
         api = self.client.api
+        self.streams_opened += 1
         try:
-            async with api.stream("watch", "/v3/watch", body) as content:
-                endpoint = api.current
-                async for message in self._messages(content, endpoint):
-                    result = message.get("result")
-                    if not isinstance(result, dict):
-                        error = message.get("error") or message
-                        raise Broken(f"the watch answered an error: {str(error)[:300]}")
-                    watcher = by_id.get(str(result.get("watch_id") or "0"))
+            async with (
+                api.stream("watch", "/v3/watch", body) as content,
+                contextlib.aclosing(self._results(stream, content, api.current)) as results,
+            ):
+                stream.connected = True
+                async for result in results:
                     if result.get("canceled"):
                         compacted = int(result.get("compact_revision") or 0)
                         if compacted:
                             raise Broken(f"revision compacted (etcd compacted to {compacted})")
                         reason = result.get("cancel_reason") or "no reason given"
                         raise Broken(f"etcd cancelled the watch: {reason}")
-                    if watcher is None:
-                        continue  # a progress notification
                     if result.get("created"):
-                        watcher.watching = True
+                        for subscription in subscriptions:
+                            subscription.watching = True
                         continue
                     for event in result.get("events") or []:
+                        kv = KeyValue.decode(event.get("kv") or {})
                         kind = str(event.get("type") or "PUT")
-                        watcher.apply(kind, KeyValue.decode(event.get("kv") or {}))
-                        yield event
+                        for subscription in subscriptions:
+                            if subscription.matches(kv.key):
+                                subscription.apply(kind, kv)
         except EtcdError as error:
             raise Broken(str(error)) from error
+        raise Broken("the watch stream ended")
 
-    async def _messages(self, content: aiohttp.StreamReader, endpoint: int) -> Any:
-        """The stream's JSON messages, one per line. Checks a silent stream (see the module
-        docstring); raises `Broken` or `Relist`."""
+    async def _read(self, subscriptions: list[Subscription]) -> int:
+        """Every subscription's keys, read linearizably and handed over; the lowest revision
+        read (the watch starts after it)."""
+        from sidecar.backends.etcd.client import MAX_TXN_OPS
+
+        lowest: int | None = None
+        for chunk in _chunks(subscriptions, MAX_TXN_OPS):
+            found, revision = await self.client.read_ranges([(s.key, s.end) for s in chunk])
+            for subscription, kvs in zip(chunk, found, strict=True):
+                subscription.snapshot(kvs, revision)
+            lowest = revision if lowest is None else min(lowest, revision)
+        return lowest or 0
+
+    async def _results(
+        self, stream: _Stream, content: aiohttp.StreamReader, endpoint: int
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The stream's results, one JSON message per line. Checks a silent stream (see the
+        module docstring), lists again when a subscription joined; raises `Broken` or
+        `Relist`."""
         buffer = bytearray()
         quiet_since = time.monotonic()
-        while True:
-            try:
-                async with asyncio.timeout(self.probe_every):
-                    chunk = await content.readany()
-            except TimeoutError:
-                await self._probe(endpoint)
-                if time.monotonic() - quiet_since >= self.silence:
-                    raise Relist(f"no message for {self.silence:g}s") from None
-                continue
-            except Exception as exc:  # aiohttp payload/connection errors
-                raise Broken(f"{type(exc).__name__}: {exc}") from exc
-            if not chunk:
-                raise Broken("the watch stream ended")
-            quiet_since = time.monotonic()
-            buffer += chunk
-            while (end := buffer.find(b"\n")) >= 0:
-                line = bytes(buffer[:end])
-                del buffer[: end + 1]
-                if line.strip():
+        joined = asyncio.ensure_future(stream.joined.wait())
+        reading: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                reading = asyncio.ensure_future(content.readany())
+                done, _ = await asyncio.wait(
+                    {reading, joined}, timeout=self.probe_every, return_when="FIRST_COMPLETED"
+                )
+                if reading not in done:
+                    reading.cancel()
+                    await asyncio.gather(reading, return_exceptions=True)
+                    if joined in done:
+                        raise Relist("a subscription joined")
+                    await self._probe(endpoint)
+                    if time.monotonic() - quiet_since >= self.silence:
+                        raise Relist(f"no message for {self.silence:g}s")
+                    continue
+                try:
+                    chunk = reading.result()
+                except Exception as exc:  # aiohttp payload/connection errors
+                    raise Broken(f"{type(exc).__name__}: {exc}") from exc
+                if not chunk:
+                    raise Broken("the watch stream ended")
+                quiet_since = time.monotonic()
+                buffer += chunk
+                while (end := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    if not line.strip():
+                        continue
                     message = json.loads(line)
-                    if isinstance(message, dict):
-                        yield message
-            if len(buffer) > MAX_LINE:
-                raise Broken(f"a watch message longer than {MAX_LINE} bytes; refused")
+                    result = message.get("result") if isinstance(message, dict) else None
+                    if not isinstance(result, dict):
+                        raise Broken(f"the watch answered an error: {line[:300]!r}")
+                    yield result
+                if len(buffer) > MAX_LINE:
+                    raise Broken(f"a watch message longer than {MAX_LINE} bytes; refused")
+        finally:
+            for pending in (joined, reading):
+                if pending is not None:
+                    pending.cancel()
+            await asyncio.gather(
+                *(f for f in (joined, reading) if f is not None), return_exceptions=True
+            )
 
     async def _probe(self, endpoint: int) -> None:
         """One linearizable read on the stream's endpoint: does its member still have a
