@@ -197,9 +197,12 @@ class EtcdCluster:
 
     # -- talking to it (setup and checks: etcdctl and the gateway, not the code under test) --
 
-    def etcdctl(self, *args: str, check: bool = True, timeout: float = 20.0) -> str:
+    def etcdctl(
+        self, *args: str, endpoints: str | None = None, check: bool = True, timeout: float = 20.0
+    ) -> str:
+        """``etcdctl`` against ``endpoints`` (default: every running member)."""
         env = {**os.environ, "ETCDCTL_API": "3"}
-        command = [require_binary("etcdctl"), "--endpoints", self.endpoints()]
+        command = [require_binary("etcdctl"), "--endpoints", endpoints or self.endpoints()]
         command += ["--command-timeout", "5s"]
         if self.tls is not None:
             command += [
@@ -238,7 +241,7 @@ class EtcdCluster:
                     raise AssertionError(f"etcd {member.name} exited:\n{member.log_tail()}")
                 try:
                     if self.tls is not None or self.root_password is not None:
-                        self.etcdctl("get", "--endpoints", member.endpoint, "ready-check")
+                        self.etcdctl("get", "ready-check", endpoints=member.endpoint)
                     else:
                         self.gateway(member, "/v3/kv/range", {"key": _b64("ready-check")})
                     break
@@ -253,18 +256,12 @@ class EtcdCluster:
     def leader(self) -> Member:
         """The member that is the Raft leader now (asked of every running member)."""
         for _ in range(100):
-            for member in self.members:
-                if not member.running():
-                    continue
-                with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
-                    status = json.loads(
-                        self.etcdctl(
-                            "endpoint", "status", "-w", "json", "--endpoints", member.endpoint
-                        )
-                    )
-                    header = status[0]["Status"]["header"]
-                    if status[0]["Status"]["leader"] == header["member_id"]:
-                        return member
+            with contextlib.suppress(AssertionError, subprocess.TimeoutExpired, ValueError):
+                statuses = json.loads(self.etcdctl("endpoint", "status", "-w", "json"))
+                for status in statuses:
+                    header = status["Status"]["header"]
+                    if status["Status"]["leader"] == header["member_id"]:
+                        return next(m for m in self.members if m.endpoint == status["Endpoint"])
             time.sleep(0.1)
         raise AssertionError("no Raft leader")
 
@@ -284,7 +281,7 @@ class EtcdCluster:
     # -- snapshots ---------------------------------------------------------------------------
 
     def save_snapshot(self, path: Path) -> None:
-        self.etcdctl("snapshot", "save", str(path), "--endpoints", self.members[0].endpoint)
+        self.etcdctl("snapshot", "save", str(path), endpoints=self.members[0].endpoint)
 
     def restore_snapshot(self, path: Path) -> None:
         """Every member stopped, restored from ``path`` (a new data directory each, as
@@ -311,6 +308,34 @@ class EtcdCluster:
         for member in self.members:
             member.launch("new")
         self.wait_ready()
+
+
+def etcd_tls_files(directory: Path, name: str) -> TlsFiles:
+    """A CA and certificates for an etcd cluster with client certificate auth: the members'
+    certificate may also act as a client (the gRPC gateway dials its own member with it), and
+    the client certificate has no CommonName (the gateway refuses one with a CN when users
+    are on: it cannot pass the CN on as the user)."""
+    tls = TlsFiles.make(directory, name)
+    openssl = require_binary("openssl")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=directory)
+
+    for role, cert, key, subject, ext in (
+        ("server", tls.server_cert, tls.server_key, f"/CN={name} etcd member",
+         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        ("client", tls.client_cert, tls.client_key, "/O=leader-sidecar",
+         "extendedKeyUsage=clientAuth\n"),
+    ):  # fmt: skip
+        csr = directory / f"{name}-etcd-{role}.csr"
+        extfile = directory / f"{name}-etcd-{role}.ext"
+        extfile.write_text(ext)
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+            "-keyout", str(key), "-out", str(csr))  # fmt: skip
+        run("x509", "-req", "-in", str(csr), "-CA", str(tls.ca_cert),
+            "-CAkey", str(tls.ca_key), "-CAcreateserial", "-days", "2",
+            "-extfile", str(extfile), "-out", str(cert))  # fmt: skip
+    return tls
 
 
 def _b64(text: str) -> str:

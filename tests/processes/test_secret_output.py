@@ -24,8 +24,10 @@ def unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_no_password_reaches_logs_answers_or_metrics() -> None:
-    store = f"redis://app:{SECRET}@127.0.0.1:{unused_port()}/0"  # nothing listens there
+@pytest.mark.parametrize("scheme", ["redis", "etcd"])
+async def test_no_password_reaches_logs_answers_or_metrics(scheme: str) -> None:
+    path = "/0" if scheme == "redis" else ""
+    store = f"{scheme}://app:{SECRET}@127.0.0.1:{unused_port()}{path}"  # nothing listens there
     sidecar = SidecarProcess.start("a", store, lease_duration="1s", env={"PYTHONWARNINGS": ""})
     try:
         sidecar.wait_log(lambda e: e.get("level") in ("warning", "error"))  # the store fails

@@ -61,6 +61,7 @@ _MEMBER_TROUBLE = (
     "too many requests",
     "too many learner",
 )
+AUTH_TIMEOUT = 5.0  # seconds an authentication may take, whatever the request timeout
 _STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth: revision")
 
 
@@ -126,7 +127,7 @@ class EtcdApi:
         self._session: aiohttp.ClientSession | None = None
         self.current = 0  # index of the endpoint requests go to
         self._token: str | None = None
-        self._auth_lock = asyncio.Lock()
+        self._auth_task: asyncio.Future[str | None] | None = None
         self._auth_disabled_logged = False
         # The highest revision a linearizable answer showed, and the cluster it came from.
         self.revision = 0
@@ -146,6 +147,9 @@ class EtcdApi:
         return self._session
 
     async def close(self) -> None:
+        if self._auth_task is not None:
+            self._auth_task.cancel()
+            await asyncio.gather(self._auth_task, return_exceptions=True)
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -206,9 +210,18 @@ class EtcdApi:
             return answer
 
     async def _post(
-        self, op: str, index: int, path: str, body: dict[str, Any], budget: float
+        self,
+        op: str,
+        index: int,
+        path: str,
+        body: dict[str, Any],
+        budget: float,
+        *,
+        token: bool = True,
     ) -> dict[str, Any]:
-        headers = await self._headers(index, budget)
+        """``token``: send the user's token (authenticating first); not for the request that
+        authenticates."""
+        headers = await self._headers(index, budget, token=token)
         data = json.dumps(body, separators=(",", ":")).encode()
         sent = False
         self.requests += 1
@@ -286,44 +299,53 @@ class EtcdApi:
         finally:
             response.release()
 
-    async def _headers(self, index: int, budget: float, *, deadline: bool = True) -> dict[str, str]:
+    async def _headers(
+        self, index: int, budget: float, *, deadline: bool = True, token: bool = True
+    ) -> dict[str, str]:
         headers: dict[str, str] = {}
         if deadline:
             # The server gives up when we do (grpc-gateway's deadline header, milliseconds).
             headers["Grpc-Timeout"] = f"{max(1, int(budget * 1000))}m"
-        if self.target.username:
-            token = self._token or await self._authenticate(index, stale=None)
-            if token:
-                headers["Authorization"] = token
+        if token and self.target.username:
+            current = self._token or await self._authenticate(index, stale=None)
+            if current:
+                headers["Authorization"] = current
         return headers
 
     async def _authenticate(self, index: int, *, stale: str | None) -> str | None:
-        """A token for the user (one request at a time; a token someone else renewed
-        meanwhile is used as it is). Raises `EtcdError`."""
-        async with self._auth_lock:
-            if self._token is not None and self._token != stale:
-                return self._token
-            self._token = None
-            body = {"name": self.target.username, "password": self.target.password or ""}
-            try:
-                answer = await self._post(
-                    "authenticate", index, "/v3/auth/authenticate", body, self.request_timeout
-                )
-            except EtcdError as error:
-                if "authentication is not enabled" in error.message:
-                    if not self._auth_disabled_logged:
-                        self._auth_disabled_logged = True
-                        log(
-                            logger,
-                            "warning",
-                            "etcd has authentication disabled; --etcd-username is not used",
-                            user=self.target.username,
-                        )
-                    return None
-                raise
-            token = answer.get("token")
-            self._token = str(token) if token else None
+        """A token for the user. One authentication at a time, shared by every request that
+        needs it, and not bounded by any one request's budget: etcd checks the password with
+        bcrypt and commits the token through Raft, which can take longer than a short lease's
+        request timeout, and a cancelled attempt would only start over. Raises `EtcdError`."""
+        if self._token is not None and self._token != stale:
             return self._token
+        if self._auth_task is None or self._auth_task.done():
+            self._token = None
+            self._auth_task = asyncio.ensure_future(self._fetch_token(index))
+        return await asyncio.shield(self._auth_task)
+
+    async def _fetch_token(self, index: int) -> str | None:
+        body = {"name": self.target.username, "password": self.target.password or ""}
+        budget = max(AUTH_TIMEOUT, self.request_timeout)
+        try:
+            answer = await self._post(
+                "authenticate", index, "/v3/auth/authenticate", body, budget, token=False
+            )
+        except EtcdError as error:
+            if "authentication is not enabled" in error.message:
+                if not self._auth_disabled_logged:
+                    self._auth_disabled_logged = True
+                    log(
+                        logger,
+                        "warning",
+                        "etcd has authentication disabled; --etcd-username is not used",
+                        user=self.target.username,
+                    )
+                return None
+            raise
+        token = answer.get("token")
+        self._token = str(token) if token else None
+        return self._token
 
     def _check_header(self, header: Any) -> None:
         """Note the revision of a linearizable answer; a lower one than seen before, or
@@ -371,6 +393,12 @@ def unavailable(error: EtcdError, target: EtcdTarget) -> StoreUnavailable:
         hint = "; etcd has authentication enabled: give --etcd-username and --etcd-password"
     elif "invalid user ID or password" in message or "authentication failed" in message:
         hint = "; check --etcd-username and --etcd-password (LEADER_SIDECAR_ETCD_PASSWORD)"
+    elif "CommonName of client" in message:
+        hint = (
+            "; with authentication on, etcd's gateway refuses a client certificate that has a "
+            "CommonName: issue the sidecar's certificate without one (e.g. openssl -subj "
+            "/O=leader-sidecar) and name the user with --etcd-username"
+        )
     elif "permission denied" in message:
         hint = (
             f"; grant the user's role readwrite on the prefix: etcdctl role grant-permission "
