@@ -18,11 +18,12 @@ COPY pyproject.toml README.md ./
 COPY sidecar/ sidecar/
 # --only-binary for the dependencies: a dependency without a wheel for this platform fails the
 # build here instead of pulling a compiler into the image. pip compiles every module to
-# bytecode while installing, so the read-only root filesystem never needs a __pycache__.
+# bytecode while installing, so the read-only root filesystem never needs a __pycache__. The
+# image carries every store: the [postgresql] extra (asyncpg) too.
 # pip and setuptools leave the virtualenv at the end: the runtime never installs anything.
 RUN python3 -m venv /opt/leader-sidecar \
  && /opt/leader-sidecar/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
- && /opt/leader-sidecar/bin/pip install --only-binary=:all: /tmp/wheels/*.whl \
+ && /opt/leader-sidecar/bin/pip install --only-binary=:all: "$(echo /tmp/wheels/*.whl)[postgresql]" \
  && /opt/leader-sidecar/bin/python -m pip uninstall --yes pip setuptools \
  && /opt/leader-sidecar/bin/leader-sidecar --version
 

@@ -57,6 +57,10 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "postgresql-schema":
+        from sidecar.backends.postgresql.command import main as postgresql_schema
+
+        return postgresql_schema(args[1:])
     if args and args[0] in ("status", "transfer"):
         from sidecar import commands
 

@@ -34,6 +34,7 @@ class ConfigError(Exception):
         # line: show it redacted and escaped, or not at all for a secret-looking setting.
         shown = "(hidden)" if looks_secret(source) else redact_url(str(value))
         setting = f"{source}={shown}" if value != "" else source
+        self.allowed = allowed
         super().__init__(printable(f"{setting}: {allowed}"))
 
 
@@ -198,12 +199,15 @@ def parse_signal(text: str) -> str:
     return name
 
 
-STORE_SCHEMES = ("kubernetes", "sqlite", "redis", "rediss", "redis+sentinel", "etcd", "etcds")
+STORE_SCHEMES = (
+    "kubernetes", "sqlite", "redis", "rediss", "redis+sentinel", "etcd", "etcds", "postgresql",
+)
 _STORE_HELP = (
     "must be kubernetes, sqlite:///relative/path.db, sqlite:////absolute/path.db, "
     "redis://[user:password@]host:port/db, rediss://... or "
     "redis+sentinel://host:port[,host:port]/master-name[/db], "
-    "etcd://host:2379[,host:2379…][/key-prefix] or etcds://..."
+    "etcd://host:2379[,host:2379…][/key-prefix] or etcds://..., "
+    "postgresql://[user@]host[:port][,host[:port]]/dbname[?sslmode=…]"
 )
 
 
@@ -232,6 +236,14 @@ def parse_store(text: str) -> str:
             raise ValueError(
                 "a redis+sentinel:// URL needs the master name as its path: " + _STORE_HELP
             )
+        return value
+    if parsed.scheme in ("postgresql", "postgres"):
+        from sidecar.backends.postgresql.target import parse_target
+
+        try:
+            parse_target(value)
+        except ConfigError as exc:
+            raise ValueError(exc.allowed) from None
         return value
     if parsed.scheme in ("etcd", "etcds") and parsed.netloc and port_ok:
         return value
@@ -269,7 +281,7 @@ OPTIONS: tuple[Option, ...] = (
         "--store",
         parse_store,
         "where the lease lives: kubernetes, sqlite:///PATH, redis://…, rediss://…, "
-        "redis+sentinel://…, etcd://…, etcds://… (default: kubernetes in a cluster, else "
+        "redis+sentinel://…, etcd://…, etcds://…, postgresql://… (default: kubernetes in a cluster, else "
         "sqlite:///./leader-sidecar.db)",
         "URL",
     ),

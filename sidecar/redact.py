@@ -62,17 +62,43 @@ def redact_url(text: str) -> str:
             parts.append(text[copied : colon + 1])
             parts.append(HIDDEN)
             copied = at
+        # libpq URLs may carry a password as a parameter too: ?password=…&sslpassword=…
+        query = text.find("?", max(begin, at), end)
+        while query != -1:
+            name_end = text.find("=", query + 1, end)
+            if name_end == -1:
+                break
+            value_end = text.find("&", name_end, end)
+            value_end = end if value_end == -1 else value_end
+            if text[query + 1 : name_end] in _SECRET_PARAMETERS and value_end > name_end + 1:
+                parts.append(text[copied : name_end + 1])
+                parts.append(HIDDEN)
+                copied = value_end
+            query = value_end if value_end < end else -1
         search = end
     parts.append(text[copied:])
     return "".join(parts)
 
 
+# URL parameters that hold a secret (libpq's).
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
 def url_password(text: str) -> str | None:
+    """The password a URL carries (``user:password@``), or None."""
+    passwords = url_passwords(text)
+    return passwords[0] if passwords else None
+
+
+def url_passwords(text: str) -> list[str]:
+    """Every secret a URL carries: ``user:password@`` and ``?password=`` / ``?sslpassword=``."""
     try:
-        password = urllib.parse.urlsplit(text).password
+        parsed = urllib.parse.urlsplit(text)
+        found = [urllib.parse.unquote(parsed.password)] if parsed.password else []
+        pairs = urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)
     except ValueError:
-        return None
-    return urllib.parse.unquote(password) if password else None
+        return []
+    return found + [value for key, value in pairs if key in _SECRET_PARAMETERS and value]
 
 
 def secret_values(known: Iterable[str | None], environ: Mapping[str, str]) -> list[str]:
@@ -81,7 +107,7 @@ def secret_values(known: Iterable[str | None], environ: Mapping[str, str]) -> li
     values: set[str] = set()
     for value in known:
         if value and "://" in value:
-            values.add(url_password(value) or "")  # a URL's password, not the whole URL
+            values.update(url_passwords(value))  # a URL's passwords, not the whole URL
         elif value:
             values.add(value)
     for name, value in environ.items():

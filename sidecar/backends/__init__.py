@@ -35,6 +35,10 @@ def open_client(config: Config, supervisor: Supervisor | None = None) -> StoreCl
         from sidecar.backends.etcd import open_etcd_client
 
         return open_etcd_client(config, supervisor)
+    if scheme in ("postgresql", "postgres"):
+        from sidecar.backends.postgresql import open_postgresql_client
+
+        return open_postgresql_client(config, supervisor)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this
 
 
@@ -59,4 +63,8 @@ def open_store(config: Config) -> LeaseStore:
         from sidecar.backends.etcd import open_etcd_store
 
         return open_etcd_store(config)
+    if scheme in ("postgresql", "postgres"):
+        from sidecar.backends.postgresql import open_postgresql_store
+
+        return open_postgresql_store(config)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this

@@ -1,0 +1,312 @@
+"""One PostgreSQL connection pool for every lease of a sidecar: the pool, the LISTEN hub, the
+epoch, the schema, and how failures are reported. `PostgresLease` objects (from `lease`) and
+`PostgresCandidates` (from `candidates`) only hold their names and borrow all of this."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import asyncpg
+
+from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
+from sidecar.backends.postgresql import schema
+from sidecar.backends.postgresql.errors import explain, is_answer_about_data
+from sidecar.backends.postgresql.hub import ListenHub
+from sidecar.backends.postgresql.target import PostgresTarget
+from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.logs import log
+from sidecar.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from sidecar.backends.postgresql.candidates import PostgresCandidates
+    from sidecar.backends.postgresql.lease import PostgresLease
+
+T = TypeVar("T")
+logger = logging.getLogger("sidecar.postgresql")
+
+EPOCH = "~"  # separates a stored version from the epoch it was seen in
+
+
+class SchemaMissing(StoreUnavailable):
+    """The schema is not there and this role may not create it (or lacks a privilege)."""
+
+
+class PostgresStoreClient:
+    """Every lease and candidate group of one sidecar in one PostgreSQL database: one pool (at
+    most `max_connections` statements at a time), one LISTEN connection for every watched
+    lease and followed group, one epoch."""
+
+    # Reconnections of the LISTEN connection back off within these bounds (jittered).
+    WATCH_BACKOFF = (0.05, 2.0)
+    # Statements in flight at once, and so the pool's size: a thousand leases renewing at the
+    # same moment queue for these instead of opening a thousand connections.
+    MAX_CONNECTIONS = 4
+
+    def __init__(
+        self,
+        target: PostgresTarget,
+        *,
+        request_timeout: float = 2.0,
+        application_name: str = "leader-sidecar",
+        clock: Clock = SYSTEM_CLOCK,
+        max_connections: int | None = None,
+        create_schema: bool = True,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.target = target
+        self.supervisor = supervisor or Supervisor()
+        self.request_timeout = request_timeout
+        self.application_name = application_name
+        self.clock = clock
+        self.max_connections = max_connections or self.MAX_CONNECTIONS
+        self.create_schema = create_schema
+        self._pool: asyncpg.Pool | None = None
+        self._opening = asyncio.Lock()
+        self._schema_ready = False
+        # Bumped whenever the server may have lost writes this process saw: a request failed,
+        # or the LISTEN connection had to reconnect (a failover to a standby that missed
+        # writes, a restore from a backup, a restart). It is part of every version reported,
+        # so an observer restarts its count from what the server shows *now*: an older row
+        # can come back under a version seen before, without the renewals that followed it
+        # (rule 2). One server, one epoch: what one lease's failure says holds for all.
+        self.epoch = 0
+        self._answered = True  # the last request got an answer (see `guarded`)
+        self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self.hub = ListenHub(self)
+
+    @property
+    def description(self) -> str:
+        return self.target.describe()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def connect_options(self) -> dict[str, Any]:
+        """asyncpg's options for every connection: the URL (credentials, TLS, hosts), a
+        primary, a connect timeout, and a server-side statement timeout a little below the
+        request timeout, so a statement stuck behind a lock (a long app transaction holding a
+        grant back, a locked table) is ended by the server, not left to commit late."""
+        settings = {
+            "statement_timeout": str(max(1, int(800 * self.request_timeout))),
+            "lock_timeout": "0",
+            "idle_in_transaction_session_timeout": str(max(1000, int(4000 * self.request_timeout))),
+        }
+        if "application_name" not in dict(self.target.params):
+            settings["application_name"] = self.application_name[:63]
+        return {
+            "dsn": self.target.url,
+            "timeout": self.request_timeout,
+            "server_settings": settings,
+            "target_session_attrs": self.target.target_session_attrs,
+        }
+
+    async def connect(self) -> asyncpg.Connection:
+        """A connection of its own (the LISTEN connection, the schema command)."""
+        connection: asyncpg.Connection = await asyncpg.connect(**self.connect_options())
+        return connection
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        async with self._opening:
+            if self._pool is None:
+                # min_size=0: creating the pool opens nothing, so it cannot fail; connections
+                # open on demand and close after a minute idle.
+                self._pool = await asyncpg.create_pool(
+                    min_size=0,
+                    max_size=self.max_connections,
+                    max_inactive_connection_lifetime=60.0,
+                    reset=_no_reset,
+                    **self.connect_options(),
+                )
+            return self._pool
+
+    @contextlib.asynccontextmanager
+    async def borrowed(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for one request. A connection whose request failed or was
+        cancelled is closed, not pooled: its state is unknown (a statement the server may
+        still run, a socket that went quiet)."""
+        pool = await self._get_pool()
+        connection = await pool.acquire()
+        try:
+            yield connection
+        except BaseException:
+            connection.terminate()
+            raise
+        finally:
+            await pool.release(connection, timeout=self.request_timeout)
+
+    async def run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """One request, bounded by the request timeout: the schema checked (once), a pooled
+        connection, ``work`` on it. Failures become `StoreUnavailable` (see `guarded`)."""
+
+        async def attempt() -> T:
+            async with asyncio.timeout(self.request_timeout):
+                if not self._schema_ready:
+                    await self._ensure_schema()
+                async with self.borrowed() as connection:
+                    return await work(connection)
+
+        return await self.guarded(attempt)
+
+    # -- the schema -----------------------------------------------------------------------
+
+    async def _ensure_schema(self) -> None:
+        async with self.borrowed() as connection:
+            await self.schema_on(connection)
+
+    async def schema_on(self, connection: asyncpg.Connection) -> None:
+        """Check (once per client) on ``connection`` that the schema is there; create it if it
+        is not and the role may (see `ensure_schema`)."""
+        if not self._schema_ready:
+            await ensure_schema(connection, create=self.create_schema)
+            self._schema_ready = True
+
+    # -- versions -------------------------------------------------------------------------
+
+    def tag(self) -> str:
+        """What this client appends to every version it reports (see ``epoch``)."""
+        return f"{EPOCH}{self.epoch}"
+
+    def tagged(self, record: LeaseRecord | None) -> LeaseRecord | None:
+        if record is None:
+            return None
+        return dataclasses.replace(record, version=f"{record.version}{self.tag()}")
+
+    def untagged(self, version: str) -> str | None:
+        """The stored version a reported one names, or None if it was reported in an earlier
+        epoch (observed before the server may have lost writes: no basis for a grant)."""
+        stored, _, epoch = version.rpartition(EPOCH)
+        return stored if epoch == str(self.epoch) else None
+
+    def new_epoch(self) -> None:
+        self.epoch += 1
+
+    # -- errors ---------------------------------------------------------------------------
+
+    async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run one request; every failure that is not an answer about the lease becomes
+        `StoreUnavailable` with a message that names the cause."""
+        try:
+            result = await work()
+        except StoreError as exc:
+            if isinstance(exc, StoreUnavailable):
+                self._lost_sight()
+                self._log_failure("error", str(exc))
+            raise
+        except Exception as exc:  # asyncpg, the socket, TLS, a row that is not ours
+            if not is_answer_about_data(exc):
+                self._lost_sight()
+            raise self.unavailable(exc) from exc
+        self._answered = True
+        if self._failing is not None:
+            log(logger, "info", "postgresql answers again", store=self.description)
+            self._failing = None
+        return result
+
+    def _lost_sight(self) -> None:
+        """The server may have restarted, failed over or been restored meanwhile: a new epoch,
+        once per outage (the first failure after an answer), so a thousand leases failing one
+        after another do not keep restarting every follower's count."""
+        if self._answered:
+            self.new_epoch()
+            self._answered = False
+
+    def unavailable(self, exc: BaseException) -> StoreUnavailable:
+        level, cause = explain(exc, request_timeout=self.request_timeout, tls=self.target.tls)
+        return self.fail(level, cause)
+
+    def fail(self, level: str, cause: str) -> StoreUnavailable:
+        """The exception to raise; logged once per distinct problem, not once per request or
+        per lease, until a request succeeds again."""
+        message = f"postgresql {self.description}: {cause}"
+        self._log_failure(level, message, cause)
+        return StoreUnavailable(message)
+
+    def _log_failure(self, level: str, message: str, cause: str | None = None) -> None:
+        if message != self._failing:
+            log(logger, level, "postgresql unavailable", store=self.description,
+                error=cause or message)  # fmt: skip
+            self._failing = message
+
+    # -- the StoreClient contract ---------------------------------------------------------
+
+    def lease(self, name: str) -> PostgresLease:
+        from sidecar.backends.postgresql.lease import PostgresLease
+
+        return PostgresLease(self, name)
+
+    def candidates(self, group: str) -> PostgresCandidates:
+        from sidecar.backends.postgresql.candidates import PostgresCandidates
+
+        return PostgresCandidates(self, group)
+
+    async def close(self) -> None:
+        await self.hub.close()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.terminate()
+
+
+async def _no_reset(connection: asyncpg.Connection) -> None:
+    """The pool's reset between requests: none. The sidecar never changes session state (no
+    SET, no LISTEN, no advisory lock on pooled connections), and asyncpg's default reset is a
+    round trip per request."""
+
+
+def new_version() -> str:
+    """A version no write ever had: 64 random bits."""
+    return secrets.token_hex(8)
+
+
+async def ensure_schema(connection: asyncpg.Connection, *, create: bool) -> None:
+    """Check that the schema is complete and that this role has its privileges; create (or
+    complete) it first when it is not and ``create`` is set. Raises `SchemaMissing` with what a
+    DBA must do when the role may not."""
+    if not await _complete(connection):
+        if not create:
+            raise SchemaMissing(_missing_message("is missing"))
+        try:
+            await create_schema(connection)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise SchemaMissing(
+                _missing_message(f"is missing and this role may not create it ({exc})")
+            ) from None
+    missing = [row[0] for row in await connection.fetch(schema.MISSING_PRIVILEGES)]
+    if missing:
+        raise SchemaMissing(
+            f"the role {await connection.fetchval('SELECT current_user')} lacks "
+            f"{', '.join(missing)} in the {schema.SCHEMA} schema; a DBA runs "
+            "`leader-sidecar postgresql-schema --store URL --grant ROLE` "
+            "(docs/postgresql.md#least-privileges)"
+        )
+
+
+async def _complete(connection: asyncpg.Connection) -> bool:
+    if not await connection.fetchval(schema.INSPECT_SCHEMA):
+        return False
+    if not await connection.fetchval(schema.INSPECT):
+        return False
+    return bool(await connection.fetchval(schema.VERSION) == schema.SCHEMA_VERSION)
+
+
+def _missing_message(what: str) -> str:
+    return (
+        f"the {schema.SCHEMA} schema {what}; a role that may create it runs "
+        "`leader-sidecar postgresql-schema --store URL --grant ROLE` once "
+        "(docs/postgresql.md#least-privileges)"
+    )
+
+
+async def create_schema(connection: asyncpg.Connection) -> None:
+    """Create (or complete) every object, under a transaction-scoped advisory lock so that
+    sidecars starting together on a new database take turns."""
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock($1)", schema.SETUP_LOCK)
+        if await _complete(connection):
+            return  # another sidecar made it while we waited
+        await connection.execute(schema.DDL)
+        await connection.execute(schema.MARK_VERSION)

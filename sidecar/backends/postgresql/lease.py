@@ -1,0 +1,176 @@
+"""One lease in PostgreSQL: the contract's requests, one conditional statement each (rule 1),
+and its watch. Everything it talks through — the pool, the LISTEN hub, the epoch — belongs to
+its `PostgresStoreClient`, shared by every lease."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import asyncpg
+
+from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.postgresql import schema
+from sidecar.backends.postgresql.client import PostgresStoreClient, new_version
+from sidecar.backends.postgresql.hub import LeaseWatch
+from sidecar.backends.postgresql.target import PostgresTarget
+from sidecar.clock import SYSTEM_CLOCK, Clock
+
+
+class PostgresLease:
+    """The lease ``name`` on ``client``; cheap to make, no I/O until used."""
+
+    def __init__(self, client: PostgresStoreClient, name: str) -> None:
+        self.client = client
+        self.name = name
+        self._watches: set[LeaseWatch] = set()
+
+    @property
+    def description(self) -> str:
+        return f"{self.client.description} lease={self.name}"
+
+    def _wall(self) -> datetime:
+        return self.client.clock.wall()
+
+    def _record(self, row: asyncpg.Record | None) -> LeaseRecord | None:
+        return schema.lease_record(row, self.client.tag())
+
+    async def _fetch(self, statement: str, *args: object) -> LeaseRecord | None:
+        async def work(connection: asyncpg.Connection) -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await connection.fetchrow(statement, self.name, *args)
+            return row
+
+        return self._record(await self.client.run(work))
+
+    # -- the contract ---------------------------------------------------------------------
+
+    async def read(self) -> LeaseRecord | None:
+        return await self._fetch(schema.READ)
+
+    async def try_acquire(
+        self, identity: str, duration: float, min_term: int, *, expected: str | None
+    ) -> LeaseRecord:
+        if expected is None:
+            written = await self._fetch(
+                schema.ACQUIRE_NEW, identity, duration, min_term, new_version(), self._wall()
+            )
+        else:
+            stored = self.client.untagged(expected)
+            if stored is None:
+                # Observed before the server may have lost writes: not a basis for a grant.
+                current = await self.read()
+                raise LeaseHeld("the lease was observed before the store reconnected", current)
+            written = await self._fetch(
+                schema.ACQUIRE, identity, duration, min_term, new_version(), self._wall(), stored
+            )
+        if written is not None:
+            return written
+        raise LeaseHeld(f"the lease is not at version {expected}", await self.read())
+
+    async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
+        written = await self._fetch(
+            schema.RENEW, identity, term, duration, new_version(), self._wall()
+        )
+        if written is not None:
+            return written
+        current = await self.read()
+        if lost_grant(current, term):
+            # The store lost our grant (a failover, a restore, a deleted row): put it back —
+            # one conditional statement, which re-checks the loss and that no later grant was
+            # made, so a concurrent grant is never overwritten.
+            written = await self._fetch(
+                schema.RESTORE, identity, term, duration, new_version(), self._wall()
+            )
+            if written is not None:
+                return written
+            current = await self.read()
+        raise NotOwned(f"not held by {identity} with term {term}", current)
+
+    async def release(
+        self, identity: str, term: int, *, successor: str | None = None
+    ) -> LeaseRecord | None:
+        written = await self._fetch(
+            schema.RELEASE, identity, term, new_version(), successor, self._wall()
+        )
+        if written is not None:
+            return written
+        raise NotOwned(f"not held by {identity} with term {term}", await self.read())
+
+    @property
+    def hands_over(self) -> bool:
+        return True
+
+    async def hand_over(
+        self,
+        identity: str,
+        term: int,
+        *,
+        successor: str,
+        handed: str,
+        duration: float,
+        min_term: int,
+    ) -> LeaseRecord:
+        written = await self._fetch(
+            schema.HAND_OVER, identity, term, successor, duration, min_term, new_version(),
+            self._wall(), handed,
+        )  # fmt: skip
+        if written is not None:
+            return written
+        raise NotOwned(f"not held by {identity} with term {term}", await self.read())
+
+    async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
+        written = await self._fetch(schema.MARK_LOST, term, duration, new_version(), self._wall())
+        return written if written is not None else await self.read()
+
+    async def watch(self) -> AsyncIterator[LeaseRecord | None]:
+        """Yield the record once the client's LISTEN session is up (and again after every
+        reconnection), then every write as it commits, until cancelled or closed."""
+        watch = self.client.hub.watch(self.name)
+        self._watches.add(watch)
+        try:
+            while True:
+                await watch.ready.wait()
+                if watch.ended:
+                    return
+                watch.ready.clear()
+                yield watch.latest
+        finally:
+            self._watches.discard(watch)
+            self.client.hub.unwatch(watch)
+
+    async def close(self) -> None:
+        """End this lease's watches; the connections belong to the client."""
+        for watch in list(self._watches):
+            self.client.hub.unwatch(watch)
+
+    async def delete_everything(self) -> None:
+        """Test and operator helper: forget the lease, its term included (a reset store)."""
+
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(schema.DELETE, self.name)
+
+        await self.client.run(work)
+
+
+class PostgresLeaseStore(PostgresLease):
+    """One lease with a client of its own (tests, the chaos suite, one sidecar per lease).
+    Closing it closes its client."""
+
+    def __init__(
+        self,
+        target: PostgresTarget,
+        name: str,
+        *,
+        request_timeout: float = 2.0,
+        application_name: str = "leader-sidecar",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        client = PostgresStoreClient(
+            target, request_timeout=request_timeout, application_name=application_name,
+            clock=clock,
+        )  # fmt: skip
+        super().__init__(client, name)
+
+    async def close(self) -> None:
+        await super().close()
+        await self.client.close()

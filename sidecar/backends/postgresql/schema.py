@@ -1,0 +1,421 @@
+"""The PostgreSQL store's schema and statements. Each ownership step is one conditional
+statement (rule 1); a trigger announces every change of a lease row with ``NOTIFY`` in the
+same transaction.
+
+Two tables per lease, on purpose:
+
+* ``leases`` — the record: holder, term, lease duration, version (new on every write),
+  released, successor, handed, and wall-clock stamps for humans. Every write goes here.
+* ``grants`` — one row per lease holding the term of its newest grant, written *only* by a
+  grant (acquire, hand-over, a holder putting its forgotten grant back). The app's fence
+  (``leader_sidecar.fence``) takes a share lock on this row, so a grant of a newer term waits
+  until every transaction that passed the fence has ended, while renewals, which never touch
+  this row, are never delayed by a long app transaction.
+
+Versions are random tokens made by the client (never reused, also after a deleted row), so
+"the same version" means "nothing was written in between". The stamps are the sidecar's wall
+clock, for humans and garbage collection: no statement compares a time to decide a grant
+(rule 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sidecar.backends.base import Candidate, LeaseRecord
+
+SCHEMA = "leader_sidecar"
+CHANNEL = "leader_sidecar"  # one LISTEN for every lease and candidate group
+
+# Bumped when the DDL changes; `setup` creates or migrates up to it.
+SCHEMA_VERSION = 1
+
+# Taken (transaction-scoped) around creating the schema, so sidecars starting together on a
+# new database do not race on CREATE (which fails with a unique violation, not IF NOT EXISTS).
+SETUP_LOCK = 0x6C65_6164_6572  # "leader"
+
+# Every object the store needs; `exists` tells whether a database has them all.
+DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+
+CREATE TABLE IF NOT EXISTS {SCHEMA}.leases (
+    name        text PRIMARY KEY,
+    holder      text,                          -- NULL: released, or a loss marker
+    term        bigint NOT NULL,               -- the fencing token of the latest grant
+    duration    double precision NOT NULL,     -- seconds, as the holder wrote it
+    version     text NOT NULL,                 -- new on every write; observers compare it
+    released    boolean NOT NULL DEFAULT false,
+    successor   text,                          -- named by a release; only while released
+    handed      text,                          -- set by a hand-over until the holder renews
+    acquired_at timestamptz,                   -- wall clock, for humans
+    renewed_at  timestamptz
+);
+
+CREATE TABLE IF NOT EXISTS {SCHEMA}.grants (
+    name text PRIMARY KEY,
+    term bigint NOT NULL                       -- the newest grant's term; only grants write it
+);
+
+CREATE TABLE IF NOT EXISTS {SCHEMA}.candidates (
+    group_name text NOT NULL,
+    identity   text NOT NULL,
+    version    text NOT NULL,                  -- new on every beat; liveness is observed from it
+    revision   text NOT NULL,
+    priority   integer NOT NULL,
+    leaving    boolean NOT NULL,
+    started_at timestamptz,
+    beat_at    timestamptz NOT NULL,           -- wall clock: humans and garbage collection
+    PRIMARY KEY (group_name, identity)
+);
+
+CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version integer NOT NULL);
+
+-- Every change of a lease row, announced in the writer's transaction: the record itself, so
+-- followers need no read. A deleted row (an operator, a test) is announced too.
+CREATE OR REPLACE FUNCTION {SCHEMA}.announce_lease() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('{CHANNEL}', json_build_object('lease', OLD.name, 'deleted', true)::text);
+    ELSE
+        PERFORM pg_notify('{CHANNEL}', json_build_object(
+            'lease', NEW.name, 'holder', NEW.holder, 'term', NEW.term,
+            'duration', NEW.duration, 'version', NEW.version, 'released', NEW.released,
+            'successor', NEW.successor, 'handed', NEW.handed,
+            'acquired_at', NEW.acquired_at, 'renewed_at', NEW.renewed_at)::text);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION {SCHEMA}.announce_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', json_build_object('truncated', true)::text);
+    RETURN NULL;
+END $$;
+
+-- A join, a leave, or a change of what a hand-over chooses by (not every beat).
+CREATE OR REPLACE FUNCTION {SCHEMA}.announce_candidate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', json_build_object(
+        'group', CASE WHEN TG_OP = 'DELETE' THEN OLD.group_name ELSE NEW.group_name END)::text);
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS announce ON {SCHEMA}.leases;
+CREATE TRIGGER announce AFTER INSERT OR UPDATE OR DELETE ON {SCHEMA}.leases
+    FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.announce_lease();
+DROP TRIGGER IF EXISTS announce_truncate ON {SCHEMA}.leases;
+CREATE TRIGGER announce_truncate AFTER TRUNCATE ON {SCHEMA}.leases
+    FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.announce_truncate();
+DROP TRIGGER IF EXISTS announce ON {SCHEMA}.candidates;
+CREATE TRIGGER announce AFTER INSERT OR DELETE ON {SCHEMA}.candidates
+    FOR EACH ROW EXECUTE FUNCTION {SCHEMA}.announce_candidate();
+DROP TRIGGER IF EXISTS announce_change ON {SCHEMA}.candidates;
+CREATE TRIGGER announce_change AFTER UPDATE ON {SCHEMA}.candidates
+    FOR EACH ROW WHEN ((OLD.revision, OLD.priority, OLD.leaving)
+                       IS DISTINCT FROM (NEW.revision, NEW.priority, NEW.leaving))
+    EXECUTE FUNCTION {SCHEMA}.announce_candidate();
+
+-- The fence for the app's own transactions: fails unless `term` is the lease's newest grant
+-- and that grant still holds (not released, not lost). The share lock on the grant row makes
+-- a grant of a newer term wait until the caller's transaction ends (commit or rollback), so a
+-- write that passed the fence never commits after a newer grant has. SECURITY DEFINER: the
+-- caller needs EXECUTE only, never a privilege on the tables (a share lock needs UPDATE).
+CREATE OR REPLACE FUNCTION {SCHEMA}.fence(lease text, term bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    granted bigint;
+    held {SCHEMA}.leases%ROWTYPE;
+BEGIN
+    SELECT g.term INTO granted FROM {SCHEMA}.grants g WHERE g.name = lease FOR SHARE;
+    IF granted IS DISTINCT FROM term THEN
+        RAISE EXCEPTION 'leader_sidecar.fence: term % is not the newest grant of lease % (%)',
+            term, lease, coalesce(granted::text, 'never granted')
+            USING ERRCODE = 'LS001',
+                  HINT = 'This replica is not the leader with this term any more: roll back.';
+    END IF;
+    SELECT * INTO held FROM {SCHEMA}.leases l WHERE l.name = lease;
+    IF held.term IS DISTINCT FROM term OR held.holder IS NULL THEN
+        RAISE EXCEPTION 'leader_sidecar.fence: the grant of term % of lease % was released',
+            term, lease
+            USING ERRCODE = 'LS001',
+                  HINT = 'This replica is not the leader with this term any more: roll back.';
+    END IF;
+    RETURN term;
+END $$;
+REVOKE ALL ON FUNCTION {SCHEMA}.fence(text, bigint) FROM PUBLIC;
+"""
+
+# Record the version the objects above are at (once; later versions migrate from it).
+MARK_VERSION = f"""
+INSERT INTO {SCHEMA}.schema_version (version)
+SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {SCHEMA}.schema_version)
+"""
+
+# Whether the objects exist, and the privileges the sidecar needs on them (None where a table
+# is missing). Run before any statement: a missing schema is created (if the role may), a
+# missing privilege is reported by name.
+INSPECT = f"""
+SELECT to_regclass('{SCHEMA}.leases') IS NOT NULL
+   AND to_regclass('{SCHEMA}.grants') IS NOT NULL
+   AND to_regclass('{SCHEMA}.candidates') IS NOT NULL
+   AND to_regclass('{SCHEMA}.schema_version') IS NOT NULL
+   AND to_regprocedure('{SCHEMA}.fence(text,bigint)') IS NOT NULL
+"""
+VERSION = f"SELECT max(version) FROM {SCHEMA}.schema_version"
+INSPECT_SCHEMA = f"SELECT to_regnamespace('{SCHEMA}') IS NOT NULL"
+MISSING_PRIVILEGES = f"""
+SELECT t.table_name || ' (' || p.privilege || ')'
+FROM (VALUES ('leases'), ('grants'), ('candidates')) AS t(table_name),
+     (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p(privilege)
+WHERE NOT has_table_privilege('{SCHEMA}.' || t.table_name, p.privilege)
+ORDER BY 1
+"""
+
+
+def sidecar_grants(role: str) -> list[str]:
+    """The sidecar's least privileges on the objects (``role``: a quoted identifier, see
+    `quote_ident`): read and write its three tables, nothing else. LISTEN and NOTIFY need no
+    privilege."""
+    return [
+        f"GRANT USAGE ON SCHEMA {SCHEMA} TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.leases, {SCHEMA}.grants, "
+        f"{SCHEMA}.candidates TO {role}",
+        f"GRANT SELECT ON {SCHEMA}.schema_version TO {role}",
+    ]
+
+
+def fence_grants(role: str) -> list[str]:
+    """What an app's ``role`` needs to call the fence: the schema and the function, no table
+    (the function runs with its owner's rights)."""
+    return [
+        f"GRANT USAGE ON SCHEMA {SCHEMA} TO {role}",
+        f"GRANT EXECUTE ON FUNCTION {SCHEMA}.fence(text, bigint) TO {role}",
+    ]
+
+
+def quote_ident(name: str) -> str:
+    """A role name as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+COLUMNS = "holder, term, duration, version, released, successor, handed, acquired_at, renewed_at"
+
+# -- the lease statements ($1 is always the lease's name) --------------------------------------
+
+# Grant over "nothing stored at all" (rule 1): only where no row exists. The term is above the
+# grant row's (a row someone deleted from `leases` alone) and the caller's floor (rule 5).
+# $2 holder, $3 duration, $4 min_term, $5 new version, $6 wall time.
+ACQUIRE_NEW = f"""
+WITH floor AS (
+    SELECT greatest(coalesce(max(term), 0), $4::bigint) AS term
+    FROM {SCHEMA}.grants WHERE name = $1
+), granted AS (
+    INSERT INTO {SCHEMA}.leases (name, holder, term, duration, version, released,
+                                 acquired_at, renewed_at)
+    SELECT $1, $2, floor.term + 1, $3, $5, false, $6, $6 FROM floor
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name, {COLUMNS}
+), fenced AS (
+    INSERT INTO {SCHEMA}.grants (name, term) SELECT name, term FROM granted
+    ON CONFLICT (name) DO UPDATE SET term = excluded.term
+)
+SELECT {COLUMNS} FROM granted
+"""
+
+# Grant over exactly the version the caller watched (rule 1 and 2): the row is re-checked under
+# its lock, so a renewal or another grant in between leaves nothing to update. The new term is
+# max(stored, grant row, caller's floor) + 1 (rule 5). A grant ends a release's successor and a
+# hand-over's mark. The grant row is raised in the same statement: it waits for every app
+# transaction that passed the fence at an older term.
+# $2 holder, $3 duration, $4 min_term, $5 new version, $6 wall time, $7 expected version.
+ACQUIRE = f"""
+WITH granted AS (
+    UPDATE {SCHEMA}.leases AS l
+    SET holder = $2,
+        term = greatest(l.term, $4::bigint,
+                        (SELECT coalesce(max(g.term), 0) FROM {SCHEMA}.grants g
+                         WHERE g.name = $1)) + 1,
+        duration = $3, version = $5, released = false, successor = NULL, handed = NULL,
+        acquired_at = $6, renewed_at = $6
+    WHERE l.name = $1 AND l.version = $7
+    RETURNING l.name, {COLUMNS}
+), fenced AS (
+    INSERT INTO {SCHEMA}.grants (name, term) SELECT name, term FROM granted
+    ON CONFLICT (name) DO UPDATE SET term = excluded.term
+)
+SELECT {COLUMNS} FROM granted
+"""
+
+# Extend only our own grant of this term. Never touches the grant row (see the module).
+# $2 holder, $3 term, $4 duration, $5 new version, $6 wall time.
+RENEW = f"""
+UPDATE {SCHEMA}.leases
+SET duration = $4, version = $5, renewed_at = $6, handed = NULL
+WHERE name = $1 AND holder = $2 AND term = $3
+RETURNING {COLUMNS}
+"""
+
+# Put back a grant the store lost (`base.lost_grant`): no row, a row of a lower term, or a loss
+# marker of this very term — and never where a later grant was made (the grant row). One
+# conditional statement; the grant row is raised back to the term.
+# $2 holder, $3 term, $4 duration, $5 new version, $6 wall time.
+RESTORE = f"""
+WITH restored AS (
+    INSERT INTO {SCHEMA}.leases AS l (name, holder, term, duration, version, released,
+                                      acquired_at, renewed_at)
+    SELECT $1, $2, $3, $4, $5, false, $6, $6
+    WHERE NOT EXISTS (SELECT 1 FROM {SCHEMA}.grants g WHERE g.name = $1 AND g.term > $3)
+    ON CONFLICT (name) DO UPDATE
+    SET holder = excluded.holder, term = excluded.term, duration = excluded.duration,
+        version = excluded.version, released = false, successor = NULL, handed = NULL,
+        acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at
+    WHERE l.term < excluded.term
+       OR (l.term = excluded.term AND l.holder IS NULL AND NOT l.released)
+    RETURNING l.name, {COLUMNS}
+), fenced AS (
+    INSERT INTO {SCHEMA}.grants AS g (name, term) SELECT name, term FROM restored
+    ON CONFLICT (name) DO UPDATE SET term = excluded.term WHERE g.term < excluded.term
+)
+SELECT {COLUMNS} FROM restored
+"""
+
+# Free only our own grant of this term; the term stays, so it can never go back. The grant
+# row is not touched: a release is not a grant (the next grant waits for the fence instead).
+# $2 holder, $3 term, $4 new version, $5 successor (or NULL), $6 wall time.
+RELEASE = f"""
+UPDATE {SCHEMA}.leases
+SET holder = NULL, released = true, version = $4, successor = $5, handed = NULL,
+    renewed_at = $6
+WHERE name = $1 AND holder = $2 AND term = $3
+RETURNING {COLUMNS}
+"""
+
+# Release and grant in one statement: our grant of this term goes to the successor with the
+# next term, carrying the successor's candidate version it was chosen by.
+# $2 holder, $3 term, $4 successor, $5 duration, $6 min_term, $7 new version, $8 wall time,
+# $9 handed.
+HAND_OVER = f"""
+WITH granted AS (
+    UPDATE {SCHEMA}.leases AS l
+    SET holder = $4,
+        term = greatest(l.term, $6::bigint,
+                        (SELECT coalesce(max(g.term), 0) FROM {SCHEMA}.grants g
+                         WHERE g.name = $1)) + 1,
+        duration = $5, version = $7, released = false, successor = NULL, handed = $9,
+        acquired_at = $8, renewed_at = $8
+    WHERE l.name = $1 AND l.holder = $2 AND l.term = $3
+    RETURNING l.name, {COLUMNS}
+), fenced AS (
+    INSERT INTO {SCHEMA}.grants (name, term) SELECT name, term FROM granted
+    ON CONFLICT (name) DO UPDATE SET term = excluded.term
+)
+SELECT {COLUMNS} FROM granted
+"""
+
+# Write down a loss a follower saw (the contract's ``mark_lost``): only where there is no row,
+# or a marker of a lower term; never over a grant or a release.
+# $2 term, $3 duration, $4 new version, $5 wall time.
+MARK_LOST = f"""
+INSERT INTO {SCHEMA}.leases AS l (name, holder, term, duration, version, released, renewed_at)
+VALUES ($1, NULL, $2, $3, $4, false, $5)
+ON CONFLICT (name) DO UPDATE
+SET term = excluded.term, duration = excluded.duration, version = excluded.version,
+    renewed_at = excluded.renewed_at
+WHERE l.holder IS NULL AND NOT l.released AND l.term < excluded.term
+RETURNING {COLUMNS}
+"""
+
+READ = f"SELECT {COLUMNS} FROM {SCHEMA}.leases WHERE name = $1"
+
+# Every watched lease in one statement, by primary key.
+READ_MANY = f"SELECT name, {COLUMNS} FROM {SCHEMA}.leases WHERE name = ANY($1::text[])"
+
+# Operators and tests: forget a lease entirely, its term included (a reset store).
+DELETE = f"""
+WITH gone AS (DELETE FROM {SCHEMA}.leases WHERE name = $1)
+DELETE FROM {SCHEMA}.grants WHERE name = $1
+"""
+
+# -- the candidate statements -----------------------------------------------------------------
+
+CANDIDATE_COLUMNS = "identity, version, revision, priority, leaving, started_at, beat_at"
+
+# A beat, with the group's garbage collection (by the writer's wall clock: only GC; readers
+# judge liveness from versions, rule 2). The trigger announces joins and changes.
+# $1 group, $2 identity, $3 version, $4 revision, $5 priority, $6 leaving, $7 started_at,
+# $8 beat_at, $9 cutoff.
+BEAT = f"""
+WITH forgotten AS (
+    DELETE FROM {SCHEMA}.candidates
+    WHERE group_name = $1 AND identity <> $2 AND beat_at < $9
+)
+INSERT INTO {SCHEMA}.candidates AS c (group_name, identity, version, revision, priority,
+                                      leaving, started_at, beat_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (group_name, identity) DO UPDATE
+SET version = excluded.version, revision = excluded.revision, priority = excluded.priority,
+    leaving = excluded.leaving, started_at = excluded.started_at, beat_at = excluded.beat_at
+"""
+
+LIST = f"""
+SELECT {CANDIDATE_COLUMNS} FROM {SCHEMA}.candidates WHERE group_name = $1 ORDER BY identity
+"""
+
+LEAVE = f"DELETE FROM {SCHEMA}.candidates WHERE group_name = $1 AND identity = $2"
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+
+def lease_record(row: Mapping[str, Any] | None, version_tag: str = "") -> LeaseRecord | None:
+    """A row of ``COLUMNS`` (or a notification's JSON object) as the contract's record.
+    ``version_tag`` is appended to the stored version (the client's epoch)."""
+    if row is None:
+        return None
+    released = bool(row["released"])
+    holder = row["holder"]
+    return LeaseRecord(
+        holder=None if holder is None else str(holder),
+        term=int(row["term"]),
+        duration=float(row["duration"]),
+        version=f"{row['version']}{version_tag}",
+        released=released and holder is None,
+        successor=_text(row["successor"]) if released else None,
+        handed=_text(row["handed"]) if holder is not None else None,
+        acquired_at=wall_time(row["acquired_at"]),
+        renewed_at=wall_time(row["renewed_at"]),
+    )
+
+
+def candidate(row: Mapping[str, Any]) -> Candidate:
+    return Candidate(
+        identity=str(row["identity"]),
+        version=str(row["version"]),
+        revision=str(row["revision"]),
+        priority=int(row["priority"]),
+        leaving=bool(row["leaving"]),
+        started_at=wall_time(row["started_at"]),
+        beat_at=wall_time(row["beat_at"]),
+    )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def wall_time(value: object) -> datetime | None:
+    """A stored stamp (a datetime from a row, an ISO string from a notification), for humans;
+    None when absent or unreadable."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
