@@ -48,6 +48,10 @@ async def requests_of(harness: StoreHarness, client: StoreClient) -> int:
 
     if isinstance(client, EtcdStoreClient):
         return client.writes
+    from sidecar.backends.postgresql import PostgresStoreClient
+
+    if isinstance(client, PostgresStoreClient):
+        return client.requests
     from sidecar.backends.redis import RedisStoreClient
 
     assert isinstance(client, RedisStoreClient)

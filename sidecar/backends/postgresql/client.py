@@ -9,12 +9,20 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
+from sidecar.backends.base import (
+    MAX_BATCH,
+    LeaseRecord,
+    NotOwned,
+    Renewal,
+    RenewalOutcome,
+    StoreError,
+    StoreUnavailable,
+)
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.errors import explain, is_answer_about_data
 from sidecar.backends.postgresql.hub import ListenHub
@@ -77,6 +85,7 @@ class PostgresStoreClient:
         # (rule 2). One server, one epoch: what one lease's failure says holds for all.
         self.epoch = 0
         self._answered = True  # the last request got an answer (see `guarded`)
+        self.requests = 0  # requests sent through the pool (for tests: one per batch)
         self._failing: str | None = None  # the problem last logged, until a request succeeds
         self.hub = ListenHub(self)
 
@@ -148,6 +157,7 @@ class PostgresStoreClient:
                 if not self._schema_ready:
                     await self._ensure_schema()
                 async with self.borrowed() as connection:
+                    self.requests += 1
                     return await work(connection)
 
         return await self.guarded(attempt)
@@ -243,6 +253,36 @@ class PostgresStoreClient:
         from sidecar.backends.postgresql.candidates import PostgresCandidates
 
         return PostgresCandidates(self, group)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        """Every renewal in one statement (`RenewsMany`): each lease renewed while still ours,
+        else put back where the store lost it, else NotOwned with what is there."""
+        if not renewals:
+            return []
+        assert len(renewals) <= MAX_BATCH
+        names = [r.name for r in renewals]
+
+        async def work(connection: asyncpg.Connection) -> list[asyncpg.Record]:
+            rows: list[asyncpg.Record] = await connection.fetch(
+                schema.RENEW_MANY, names, [r.identity for r in renewals],
+                [r.term for r in renewals], [r.duration for r in renewals],
+                [new_version() for _ in renewals], self.clock.wall(),
+            )  # fmt: skip
+            return rows
+
+        rows = {row["name"]: row for row in await self.run(work)}
+        tag = self.tag()
+        outcomes: list[RenewalOutcome] = []
+        for r in renewals:
+            row = rows.get(r.name)
+            record = schema.lease_record(row, tag)
+            if row is not None and row["written"]:
+                assert record is not None
+                outcomes.append(record)
+            else:
+                message = f"not held by {r.identity} with term {r.term}"
+                outcomes.append(NotOwned(message, record))
+        return outcomes
 
     async def close(self) -> None:
         await self.hub.close()

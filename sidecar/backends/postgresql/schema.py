@@ -204,6 +204,7 @@ def quote_ident(name: str) -> str:
 
 
 COLUMNS = "holder, term, duration, version, released, successor, handed, acquired_at, renewed_at"
+L_COLUMNS = ", ".join(f"l.{column}" for column in COLUMNS.split(", "))  # the same, of alias l
 
 # -- the lease statements ($1 is always the lease's name) --------------------------------------
 
@@ -282,6 +283,47 @@ WITH restored AS (
     ON CONFLICT (name) DO UPDATE SET term = excluded.term WHERE g.term < excluded.term
 )
 SELECT {COLUMNS} FROM restored
+"""
+
+# Many renewals in one statement (`RenewsMany`): each lease exactly as its own RENEW, else its
+# own RESTORE (the same conditions), else what is there. The batch is five parallel arrays:
+# $1 names, $2 holders, $3 terms, $4 durations, $5 new versions; $6 wall time. A lease's row
+# is modified by one CTE at most (the restore skips what the renewal matched).
+RENEW_MANY = f"""
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[], $5::text[])
+        AS b(name, holder, term, duration, version)
+), renewed AS (
+    UPDATE {SCHEMA}.leases AS l
+    SET duration = b.duration, version = b.version, renewed_at = $6, handed = NULL
+    FROM batch b
+    WHERE l.name = b.name AND l.holder = b.holder AND l.term = b.term
+    RETURNING l.name, {L_COLUMNS}
+), restored AS (
+    INSERT INTO {SCHEMA}.leases AS l (name, holder, term, duration, version, released,
+                                      acquired_at, renewed_at)
+    SELECT b.name, b.holder, b.term, b.duration, b.version, false, $6, $6 FROM batch b
+    WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.name = b.name)
+      AND NOT EXISTS (SELECT 1 FROM {SCHEMA}.grants g WHERE g.name = b.name AND g.term > b.term)
+    ON CONFLICT (name) DO UPDATE
+    SET holder = excluded.holder, term = excluded.term, duration = excluded.duration,
+        version = excluded.version, released = false, successor = NULL, handed = NULL,
+        acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at
+    WHERE l.term < excluded.term
+       OR (l.term = excluded.term AND l.holder IS NULL AND NOT l.released)
+    RETURNING l.name, {L_COLUMNS}
+), fenced AS (
+    INSERT INTO {SCHEMA}.grants AS g (name, term) SELECT name, term FROM restored
+    ON CONFLICT (name) DO UPDATE SET term = excluded.term WHERE g.term < excluded.term
+)
+SELECT true AS written, name, {COLUMNS} FROM renewed
+UNION ALL
+SELECT true, name, {COLUMNS} FROM restored
+UNION ALL
+SELECT false, l.name, {L_COLUMNS}
+FROM {SCHEMA}.leases l JOIN batch b ON l.name = b.name
+WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.name = l.name)
+  AND NOT EXISTS (SELECT 1 FROM restored r WHERE r.name = l.name)
 """
 
 # Free only our own grant of this term; the term stays, so it can never go back. The grant
