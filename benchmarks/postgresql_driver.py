@@ -13,6 +13,7 @@ redis-server.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ began = time.perf_counter()
 import aiohttp.web, prometheus_client, sidecar.app  # what every sidecar imports
 base = time.perf_counter()
 driver, url = sys.argv[1], sys.argv[2]
+TABLE = "CREATE TABLE IF NOT EXISTS probe (name text PRIMARY KEY, holder text, term bigint)"
 GRANT = ("INSERT INTO probe (name, holder, term) VALUES ('l', 'me', 1) "
          "ON CONFLICT (name) DO UPDATE SET term = probe.term + 1 RETURNING term")
 if driver == "asyncpg":
@@ -41,7 +43,7 @@ if driver == "asyncpg":
     async def main():
         conn = await asyncpg.connect(url)
         await conn.add_listener("probe", lambda *a: None)
-        await conn.execute("CREATE TABLE IF NOT EXISTS probe (name text PRIMARY KEY, holder text, term bigint)")
+        await conn.execute(TABLE)
         await conn.fetchval(GRANT)
         await conn.close()
     asyncio.run(main())
@@ -51,7 +53,7 @@ else:
     async def main():
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         await conn.execute("LISTEN probe")
-        await conn.execute("CREATE TABLE IF NOT EXISTS probe (name text PRIMARY KEY, holder text, term bigint)")
+        await conn.execute(TABLE)
         await (await conn.execute(GRANT)).fetchone()
         await conn.close()
     asyncio.run(main())
@@ -81,15 +83,13 @@ async def sidecar_start(store: str, name: str) -> tuple[float, float]:
         async with LeaderObserver([proc]) as observer:
             sample = await observer.leader(timeout=20)
             await_time = time.time()
-        time.sleep(max(0.0, 3 - (await_time - began)))
+        await asyncio.sleep(max(0.0, 3 - (await_time - began)))
         return sample.since - began, rss_mib(proc.proc.pid)
     finally:
         proc.stop()
 
 
 def main() -> None:
-    import asyncio
-
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()

@@ -306,7 +306,8 @@ async def ensure_schema(connection: asyncpg.Connection, *, create: bool) -> None
     """Check that the schema is complete and that this role has its privileges; create (or
     complete) it first when it is not and ``create`` is set. Raises `SchemaMissing` with what a
     DBA must do when the role may not."""
-    if not await _complete(connection):
+    complete, missing = await _inspect(connection)
+    if not complete:
         if not create:
             raise SchemaMissing(_missing_message("is missing"))
         try:
@@ -315,7 +316,7 @@ async def ensure_schema(connection: asyncpg.Connection, *, create: bool) -> None
             raise SchemaMissing(
                 _missing_message(f"is missing and this role may not create it ({exc})")
             ) from None
-    missing = [row[0] for row in await connection.fetch(schema.MISSING_PRIVILEGES)]
+        complete, missing = await _inspect(connection)
     if missing:
         raise SchemaMissing(
             f"the role {await connection.fetchval('SELECT current_user')} lacks "
@@ -325,12 +326,9 @@ async def ensure_schema(connection: asyncpg.Connection, *, create: bool) -> None
         )
 
 
-async def _complete(connection: asyncpg.Connection) -> bool:
-    if not await connection.fetchval(schema.INSPECT_SCHEMA):
-        return False
-    if not await connection.fetchval(schema.INSPECT):
-        return False
-    return bool(await connection.fetchval(schema.VERSION) == schema.SCHEMA_VERSION)
+async def _inspect(connection: asyncpg.Connection) -> tuple[bool, list[str]]:
+    row = await connection.fetchrow(schema.INSPECT)
+    return bool(row["complete"]), [str(m) for m in row["missing"] or ()]
 
 
 def _missing_message(what: str) -> str:
@@ -346,7 +344,8 @@ async def create_schema(connection: asyncpg.Connection) -> None:
     sidecars starting together on a new database take turns."""
     async with connection.transaction():
         await connection.execute("SELECT pg_advisory_xact_lock($1)", schema.SETUP_LOCK)
-        if await _complete(connection):
+        complete, _missing = await _inspect(connection)
+        if complete:
             return  # another sidecar made it while we waited
         await connection.execute(schema.DDL)
         await connection.execute(schema.MARK_VERSION)

@@ -70,8 +70,6 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.candidates (
     PRIMARY KEY (group_name, identity)
 );
 
-CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version integer NOT NULL);
-
 -- Every change of a lease row, announced in the writer's transaction: the record itself, so
 -- followers need no read. A deleted row (an operator, a test) is announced too.
 CREATE OR REPLACE FUNCTION {SCHEMA}.announce_lease() RETURNS trigger
@@ -150,30 +148,29 @@ END $$;
 REVOKE ALL ON FUNCTION {SCHEMA}.fence(text, bigint) FROM PUBLIC;
 """
 
-# Record the version the objects above are at (once; later versions migrate from it).
-MARK_VERSION = f"""
-INSERT INTO {SCHEMA}.schema_version (version)
-SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {SCHEMA}.schema_version)
-"""
+# The version the objects above are at, as the schema's comment (readable by anyone, one
+# round trip with the rest of `INSPECT`); later versions migrate from it.
+MARK_VERSION = f"COMMENT ON SCHEMA {SCHEMA} IS 'leader-sidecar schema version {SCHEMA_VERSION}'"
 
-# Whether the objects exist, and the privileges the sidecar needs on them (None where a table
-# is missing). Run before any statement: a missing schema is created (if the role may), a
-# missing privilege is reported by name.
+TABLES = ("leases", "grants", "candidates")
+
+# In one round trip: whether every object exists at this version, and the privileges the role
+# lacks on the tables that exist. Run once per client before its first statement: a missing
+# schema is created (if the role may), a missing privilege is reported by name.
 INSPECT = f"""
 SELECT to_regclass('{SCHEMA}.leases') IS NOT NULL
    AND to_regclass('{SCHEMA}.grants') IS NOT NULL
    AND to_regclass('{SCHEMA}.candidates') IS NOT NULL
-   AND to_regclass('{SCHEMA}.schema_version') IS NOT NULL
    AND to_regprocedure('{SCHEMA}.fence(text,bigint)') IS NOT NULL
-"""
-VERSION = f"SELECT max(version) FROM {SCHEMA}.schema_version"
-INSPECT_SCHEMA = f"SELECT to_regnamespace('{SCHEMA}') IS NOT NULL"
-MISSING_PRIVILEGES = f"""
-SELECT t.table_name || ' (' || p.privilege || ')'
-FROM (VALUES ('leases'), ('grants'), ('candidates')) AS t(table_name),
-     (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p(privilege)
-WHERE NOT has_table_privilege('{SCHEMA}.' || t.table_name, p.privilege)
-ORDER BY 1
+   AND obj_description(to_regnamespace('{SCHEMA}'), 'pg_namespace')
+       = 'leader-sidecar schema version {SCHEMA_VERSION}' AS complete,
+   array(
+       SELECT t.name || ' (' || p.privilege || ')'
+       FROM (VALUES ('leases'), ('grants'), ('candidates')) AS t(name),
+            (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p(privilege)
+       WHERE NOT has_table_privilege(to_regclass('{SCHEMA}.' || t.name), p.privilege)
+       ORDER BY 1
+   ) AS missing
 """
 
 
@@ -185,7 +182,6 @@ def sidecar_grants(role: str) -> list[str]:
         f"GRANT USAGE ON SCHEMA {SCHEMA} TO {role}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.leases, {SCHEMA}.grants, "
         f"{SCHEMA}.candidates TO {role}",
-        f"GRANT SELECT ON {SCHEMA}.schema_version TO {role}",
     ]
 
 
