@@ -281,8 +281,8 @@ OPTIONS: tuple[Option, ...] = (
         "--store",
         parse_store,
         "where the lease lives: kubernetes, sqlite:///PATH, redis://…, rediss://…, "
-        "redis+sentinel://…, etcd://…, etcds://…, postgresql://… (default: kubernetes in a cluster, else "
-        "sqlite:///./leader-sidecar.db)",
+        "redis+sentinel://…, etcd://…, etcds://…, postgresql://… (default: kubernetes in a "
+        "cluster, else sqlite:///./leader-sidecar.db)",
         "URL",
     ),
     Option(
