@@ -189,9 +189,9 @@ class PostgresServer:
 
     @property
     def pid(self) -> int:
-        """The postmaster's pid (``runuser`` execs it, keeping the pid)."""
-        assert self.proc is not None
-        return self.proc.pid
+        """The postmaster's pid (from ``postmaster.pid``: under ``runuser`` the child we
+        started is runuser itself)."""
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
 
     def pause(self) -> None:
         """SIGSTOP the postmaster and every backend: the server answers nothing."""
@@ -200,6 +200,8 @@ class PostgresServer:
                 os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        if not (self.data / "postmaster.pid").exists():
+            return
         for pid in self._tree():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
@@ -215,10 +217,14 @@ class PostgresServer:
         """SIGINT: a fast shutdown; SIGKILL: a crash (the backends then die with it)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        children = self._tree()[1:]
+        try:
+            postmaster = self.pid
+        except (OSError, ValueError):  # not written yet, or gone: stop what we started
+            postmaster = self.proc.pid
+        children = self._tree()[1:] if postmaster != self.proc.pid else []
         self.resume()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
+            os.kill(postmaster, sig)
         if sig == signal.SIGKILL:
             for pid in children:  # orphaned backends would keep the port and shared memory
                 with contextlib.suppress(ProcessLookupError):
@@ -226,7 +232,9 @@ class PostgresServer:
         try:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
-            os.kill(self.pid, signal.SIGKILL)
+            for pid in (postmaster, self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.wait(10)
         if sig == signal.SIGKILL:
             self._wait_children_gone(children)
@@ -323,8 +331,11 @@ class PostgresServer:
 
     # -- replication ----------------------------------------------------------------------
 
-    def standby(self, directory: Path | None = None) -> PostgresServer:
-        """A streaming standby of this server (``pg_basebackup -R``), started and caught up."""
+    def standby(
+        self, directory: Path | None = None, *, via_port: int | None = None
+    ) -> PostgresServer:
+        """A streaming standby of this server (``pg_basebackup -R``), started. ``via_port``:
+        it streams through that port (a proxy the test can cut) instead of the primary's."""
         directory = directory or make_directory("pg-standby-")
         _hand_over(directory)
         standby = PostgresServer(directory, free_port(), self.password)
@@ -356,6 +367,9 @@ class PostgresServer:
         )
         if result.returncode != 0:
             raise AssertionError(f"pg_basebackup failed: {result.stderr[-2000:]}")
+        if via_port is not None:
+            conf = standby.data / "postgresql.auto.conf"
+            conf.write_text(conf.read_text().replace(f"port={self.port}", f"port={via_port}"))
         standby.launch()
         return standby
 
