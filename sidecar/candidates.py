@@ -17,9 +17,10 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime
 
-from sidecar.backends.base import Candidate, CandidateRegistry, StoreError
+from sidecar.backends.base import Candidate, CandidateRegistry, StoreError, StoreUnavailable
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import Throttle, log
+from sidecar.probe import StoreProbe
 
 logger = logging.getLogger("sidecar.candidates")
 
@@ -142,6 +143,23 @@ class CandidateBeat:
         self._streamed_at = float("-inf")  # when the stream last brought every record
         self._needs_changed = asyncio.Event()  # `needs_list` may have changed (`wake_follow`)
         self._sent: dict[str, float] = {}  # our last versions, oldest first → when sent
+        self._probe: StoreProbe | None = None
+
+    def use_probe(self, probe: StoreProbe) -> None:
+        """While the store refuses, beat only once ``probe`` finds it answering again (and
+        never before its ``Retry-After``); tell it how each request went."""
+        self._probe = probe
+
+    def _answered(self) -> None:
+        self.answered_at = self._clock.now()
+        if self._probe is not None:
+            self._probe.answered()
+
+    def _refused(self, exc: BaseException) -> None:
+        if self._probe is not None:
+            self._probe.refused(
+                exc if isinstance(exc, StoreError) else StoreUnavailable(str(exc) or "timed out")
+            )
 
     def sent_at(self, version: str) -> float | None:
         """When this replica sent the beat that wrote ``version`` of its record (monotonic),
@@ -166,9 +184,10 @@ class CandidateBeat:
         except (StoreError, TimeoutError) as exc:
             self._count("candidate_beat", _outcome(exc), self._clock.now() - started)
             self._failed(exc)
+            self._refused(exc)
             return False
         self._count("candidate_beat", "ok", self._clock.now() - started)
-        self.answered_at = self._clock.now()
+        self._answered()
         if not self._needs_list():
             return True
         if self.current() and self._streams_records():
@@ -188,9 +207,10 @@ class CandidateBeat:
         except (StoreError, TimeoutError) as exc:
             self._count("candidate_list", _outcome(exc), self._clock.now() - started)
             self._failed(exc)
+            self._refused(exc)
             return False
         self._count("candidate_list", "ok", self._clock.now() - started)
-        self.answered_at = self._clock.now()
+        self._answered()
         if number > self._applied:  # else the view already holds something newer
             self._applied = number
             self._observe(records)
@@ -312,6 +332,7 @@ class CandidateBeat:
 
     async def run(self) -> None:
         while True:
+            await self._store_answers()
             await self.once()
             self._wake.clear()
             try:
@@ -319,6 +340,17 @@ class CandidateBeat:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _store_answers(self) -> None:
+        """While the store refuses, wait for the sidecar's probe (the beat says nothing anyone
+        could read meanwhile), and never beat before the store's ``Retry-After``."""
+        probe = self._probe
+        if probe is None:
+            return
+        await probe.wait()
+        wait = probe.wait_after(self._clock.now())
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def leaving(self) -> None:
         """From now on this replica is leaving: it hands itself no lease, and a beat still in

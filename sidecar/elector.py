@@ -50,6 +50,7 @@ from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
+from sidecar.probe import StoreProbe
 from sidecar.supervisor import Supervisor
 
 T = TypeVar("T")
@@ -168,6 +169,9 @@ class Elector:
         # so a grant handed to us is taken back with a write, like any record in our name.
         self._beat_sent_at = beat_sent_at
         self._supervisor = supervisor or Supervisor()  # restarts the watch follower
+        # Shared by every lease of a sidecar: while the store refuses, a follower waits for it
+        # instead of sending requests of its own (`sidecar.probe`). None: no waiting (tests).
+        self._probe: StoreProbe | None = None
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
@@ -214,6 +218,10 @@ class Elector:
             valid_for=max(0.0, self._valid_until - now) if leading else 0.0,
             since=self._role_since,
         )
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     @property
     def role(self) -> Role:
@@ -279,6 +287,11 @@ class Elector:
         if self._role is not Role.LEADER and not self._stopping:
             self._ask_for_attempt(self._clock.now())
 
+    def use_probe(self, probe: StoreProbe) -> None:
+        """Wait for ``probe`` while the store refuses (see `sidecar.probe`); the owner pokes
+        this elector when the store is back."""
+        self._probe = probe
+
     # -- the loop -----------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -337,17 +350,44 @@ class Elector:
             if self._role is Role.LEADER and now >= self._valid_until:
                 self._demote("deadline")
             # 2. Leading: renew, conditional at the store on our holder and term (rule 1).
-            # 3. Following: acquire if free or expired, with a term above every term seen.
-            delay = await (self._renew(now) if self._role is Role.LEADER else self._acquire(now))
+            # 3. Following: acquire if free or expired, with a term above every term seen —
+            #    unless the store refuses: then the sidecar's one probe asks for us.
+            if self._role is Role.LEADER:
+                delay = await self._renew(now)
+            elif (waiting := self._waiting_for_probe(now)) is not None:
+                return self._park(now, waiting)
+            else:
+                delay = await self._acquire(now)
             # 4. A loss seen with the store holding nothing: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
+                now = self._clock.now()
+                if (waiting := self._waiting_for_probe(now)) is not None:
+                    return self._park(now, waiting)
                 delay = await self._write_loss_down(seen)
             # 5. The watch may have seen something while we were busy (a release, our own name,
             #    a lost grant): never wait past the moment it asked for.
             now = self._clock.now()
             self._next_attempt = min(now + delay, max(now, self._watch_asked))
             return delay
+
+    def _waiting_for_probe(self, now: float) -> float | None:
+        """None when a follower may send now; else seconds to wait: for the store's
+        ``Retry-After``, or (``inf``) until the probe finds the store answering again."""
+        probe = self._probe
+        if probe is None:
+            return None
+        if probe.refusing:
+            return float("inf")
+        wait = probe.wait_after(now)
+        return wait if wait > 0 else None
+
+    def _park(self, now: float, wait: float) -> float:
+        """Wait for the probe without a request. The probe's owner pokes every elector when
+        the store answers again; until then look again once a lease (no request either)."""
+        delay = min(wait, self.timing.lease_duration)
+        self._next_attempt = min(now + delay, max(now, self._watch_asked))
+        return delay
 
     async def _renew(self, sent: float) -> float:
         budget = min(self.timing.request_timeout, self._valid_until - sent)
@@ -380,7 +420,7 @@ class Elector:
             if isinstance(failed, Conflict):
                 self._observe(failed.record)
                 return min(self._herd_jitter(), self._valid_until - now)
-            return min(self._retry_delay(), self._valid_until - now)
+            return self._renewal_retry(now, failed)
         finally:
             alarm.cancel()
         if self._clock.now() >= self._valid_until:
@@ -391,6 +431,17 @@ class Elector:
             return 0.0
         self._renewed(sent, record)
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    def _renewal_retry(self, now: float, failed: StoreError) -> float:
+        """When a leader whose renewal failed tries again: a retry period on, or later if the
+        store asked (``Retry-After``) — but only while its deadline allows one more request
+        before it (rule 3). Never past the deadline."""
+        room = self._valid_until - now
+        delay = self._retry_delay()
+        retry_after = failed.retry_after if isinstance(failed, StoreUnavailable) else None
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, room - self.timing.request_timeout))
+        return min(delay, room)
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
         if self._view.blind:
@@ -890,16 +941,19 @@ class Elector:
 
     async def _call(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
         """One store request within ``budget`` seconds, counted by outcome. Timeouts and
-        unexpected errors become `StoreUnavailable`: fail closed, never crash the loop."""
+        unexpected errors become `StoreUnavailable`: fail closed, never crash the loop. Every
+        outcome also tells the sidecar's probe whether the store answers."""
         started = self._clock.now()
         outcome = "ok"
+        refused: StoreError | None = None  # nothing known: the store refuses
         try:
             async with asyncio.timeout(max(budget, 0.001)):
                 return await request()
         except TimeoutError:
             outcome = "timeout"
             self._last_error = f"{op} timed out after {budget:.3f}s"
-            raise StoreUnavailable(self._last_error) from None
+            refused = StoreUnavailable(self._last_error)
+            raise refused from None
         except LeaseHeld:
             outcome = "held"
             raise
@@ -912,6 +966,7 @@ class Elector:
         except StoreUnavailable as exc:
             outcome = "unavailable"
             self._last_error = str(exc)
+            refused = exc
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -920,9 +975,14 @@ class Elector:
             outcome = "error"
             self._last_error = f"{op}: {type(exc).__name__}: {exc}"
             logger.exception("unexpected store error", extra={"sidecar_fields": {"op": op}})
-            raise StoreUnavailable(self._last_error) from exc
+            refused = StoreUnavailable(self._last_error)
+            raise refused from exc
         finally:
             now = self._clock.now()
             self.metrics.store_request(op, outcome, now - started)
             if outcome in ("ok", "held", "not_owned", "conflict"):
                 self._last_store_answer = now
+                if self._probe is not None:
+                    self._probe.answered()
+            elif refused is not None and self._probe is not None:
+                self._probe.refused(refused)

@@ -27,6 +27,7 @@ from sidecar.elector import Elector, LeaderStatus, on_loop
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
+from sidecar.probe import StoreProbe
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.leases")
@@ -93,11 +94,38 @@ class LeaseSet:
         self._last_change = float("-inf")  # when some lease's holder or term last changed
         self._mix: tuple[tuple[str, str], ...] = ()  # live candidates and their revisions
         self._mix_changed = float("-inf")
+        self.probe: StoreProbe | None = None  # `open` or `run` sets it (`_share_probe`)
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
         """One elector and no candidates (tests, and embedding one `Elector`)."""
-        return cls({elector.lease: elector})
+        return cls({elector.lease: elector}, clock=elector.clock)
+
+    def _share_probe(self, rng: random.Random | None = None) -> None:
+        """One probe of a refusing store for every lease and the candidate beat: while the
+        store refuses, they wait for it instead of each retrying (`sidecar.probe`)."""
+        primary = self.primary
+        self.probe = StoreProbe(
+            primary.store.read,
+            primary.timing.retry_period,
+            primary.timing.request_timeout,
+            clock=self._clock,
+            rng=rng,
+            count=primary.metrics.store_request,
+            spawn=self.supervisor.spawn,
+        )
+        for elector in self.electors.values():
+            elector.use_probe(self.probe)
+        if self.beat is not None:
+            self.beat.use_probe(self.probe)
+        self.probe.on_back(self._store_back)
+
+    def _store_back(self) -> None:
+        """The store answers again: every elector waiting for it tries now, the beat too."""
+        for elector in self.electors.values():
+            elector.poke()
+        if self.beat is not None:
+            self.beat.wake()
 
     @classmethod
     def open(
@@ -161,6 +189,7 @@ class LeaseSet:
             versions_fresh_for=timing.handed_reach - interval,
             count=lease_set.primary.metrics.store_request,
         )
+        lease_set._share_probe(rng)
         return lease_set
 
     # -- what the API reads ---------------------------------------------------------------
@@ -222,6 +251,8 @@ class LeaseSet:
         """Every elector, the candidate beat and the balancer; returns when stopped, raises
         if an elector's loop fails."""
         self._loop = asyncio.get_running_loop()
+        if self.probe is None:
+            self._share_probe()
         tasks = [
             asyncio.create_task(elector.run(), name=f"election {name}")
             for name, elector in self.electors.items()
@@ -241,6 +272,8 @@ class LeaseSet:
             for task in [*tasks, *helpers]:
                 task.cancel()
             await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            if self.probe is not None:
+                await self.probe.close()
 
     def stop(self) -> None:
         self._stopping = True
