@@ -21,7 +21,7 @@ from tests.fakekube import FakeApiServer
 from tests.kubernetes.conftest import NAMESPACE
 from tests.kubernetes.test_watch import until
 
-TIMING = Timing.build(2.0, 0.5, 0.3, 0.25)  # Kubernetes counts leases in whole seconds
+TIMING = Timing.build(4.0, 1.0, 0.4, 0.5)  # whole seconds, as Kubernetes counts leases
 LEASES = 24  # above the per-name watch limit: one shared watch
 
 
@@ -58,7 +58,7 @@ async def test_a_sidecar_asks_a_refusing_api_server_once_per_retry_period(
     await lease_set.prime(1.0)
     running = asyncio.create_task(lease_set.run())
     try:
-        await until(lambda: len(lease_set.held()) == LEASES, 10)
+        await until(lambda: len(lease_set.held()) == LEASES, 20)
         fake.faults = fake.faults.parse(
             {
                 "errors": [
