@@ -1,6 +1,6 @@
 """The elector: one replica's follower/leader state machine over a `LeaseStore`.
 
-It imports only the backend interface. The safety rules of DESIGN.md live here as follows:
+It imports only the backend interface. The safety rules of docs/design.md live here as follows:
 
 * Rule 3 — `valid_until` is the monotonic time at which the last successful acquire/renew was
   *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says.

@@ -1,4 +1,4 @@
-"""The metrics of DESIGN.md, on a registry the caller owns (tests get a fresh one each)."""
+"""The metrics of docs/design.md, on a registry the caller owns (tests get a fresh one each)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         print(f"{prefix} first leader: {first and first.name} term {first and first.term}")
         # One lease of steady state first: faults hit a running cluster, not its start-up
         # (a store loss before every replica has seen the first grant is the documented
-        # "a candidate that has seen nothing cannot tell" limit of DESIGN.md rule 8).
+        # "a candidate that has seen nothing cannot tell" limit of docs/design.md rule 8).
         await _settle(LEASE)
         records = await run_schedule(cluster, specs, prefix, started)
         await _settle(LEASE)

@@ -1,4 +1,4 @@
-"""The exported metric set: names, types and label sets exactly as DESIGN.md lists them, and
+"""The exported metric set: names, types and label sets exactly as docs/design.md lists them, and
 renewal-gap buckets that are fractions of the lease with one edge at exactly half of it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sidecar.metrics import Metrics
 from tests.observability.fakes import FakeClock, FlakyStore
 from tests.support.tools import require_binary
 
-# DESIGN.md's metrics table, plus client-go's leader_election_master_status: family name →
+# docs/design.md's metrics table, plus client-go's leader_election_master_status: family name →
 # (type, label names other than `le`). No other family may be exported.
 EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
     "leader_sidecar_is_leader": ("gauge", frozenset({"lease"})),
@@ -78,7 +78,7 @@ async def busy_elector() -> Elector:
 
 
 async def test_the_exported_families_are_exactly_those_of_the_design() -> None:
-    """Names, types and label names match DESIGN.md; nothing else is exported."""
+    """Names, types and label names match docs/design.md; nothing else is exported."""
     elector = await busy_elector()
     exported = families(elector.metrics.registry)
     assert {name: kind for name, (kind, _) in exported.items()} == {

@@ -39,6 +39,22 @@ def test_released_own_and_new_are_free_at_once() -> None:
     assert (view.next_attempt(3.0).at, view.next_attempt(3.0).why) == (3.0, "own")
 
 
+def test_a_release_naming_a_successor_is_left_to_it_for_the_stand_back() -> None:
+    """The others leave a lease released to a named replica to it for ``stand_back`` seconds
+    from when they saw the release (a transfer where the store cannot hand over); the named
+    replica takes it at once."""
+    released = LeaseRecord(
+        holder=None, term=3, duration=LEASE, version="r", released=True, successor="next_1"
+    )
+    other = LeaseView(ME, LEASE, stand_back=2.0)
+    other.observe(released, at=5.0)
+    assert (other.next_attempt(6.0).at, other.next_attempt(6.0).why) == (7.0, "released")
+    assert other.next_attempt(8.0).at == 8.0
+    named = LeaseView("next_1", LEASE, stand_back=2.0)
+    named.observe(released, at=5.0)
+    assert (named.next_attempt(5.0).at, named.next_attempt(5.0).why) == (5.0, "handed")
+
+
 def test_a_holder_the_store_lost_track_of_is_waited_out_like_a_held_one() -> None:
     """No holder, not released (a Redis key gone early): not free."""
     view = LeaseView(ME, LEASE)

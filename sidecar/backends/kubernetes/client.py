@@ -3,7 +3,7 @@
 Why not the official client: importing ``kubernetes.aio.client`` costs ~58 MiB of RSS and
 ~0.9 s (its package imports every API and ~700 models), which is most of the sidecar's memory
 and start time. A lease needs a handful of JSON requests and one streaming GET; this module
-sends plain dicts and gets plain dicts back (docs/design-changes.md, "The Kubernetes client").
+sends plain dicts and gets plain dicts back (docs/design.md, "The Kubernetes client").
 
 * One `KubeApi` per process, shared by the lease store and the demotion actions, configured on
   first use (`sidecar.backends.kubernetes.kubeconfig`): the pod's service account in a cluster,

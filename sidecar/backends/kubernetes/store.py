@@ -35,7 +35,7 @@ renewal creates the Lease again with its own name and term. A follower that saw 
 re-creates it as a loss marker (``holderIdentity: leader-sidecar.io/lost``, the term it saw),
 so a replica that starts later waits the loss out too.
 
-Expiry is observed by the elector (DESIGN rule 2, `sidecar.observed`), as client-go does it:
+Expiry is observed by the elector (docs/design.md rule 2, `sidecar.observed`), as client-go does it:
 the Lease counts as expired only after *this process* has seen the same resourceVersion
 unchanged for ``leaseDurationSeconds`` on its own monotonic clock; the acquire that follows
 is a PUT conditional on that very resourceVersion. ``renewTime`` is never trusted.
