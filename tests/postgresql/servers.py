@@ -200,9 +200,12 @@ class PostgresServer:
                 os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        if not (self.data / "postmaster.pid").exists():
-            return
-        for pid in self._tree():
+        # runuser stops itself when its child stops (as su does) and must be continued too,
+        # or it never reaps the postmaster.
+        pids = [self.proc.pid] if self.proc is not None else []
+        if (self.data / "postmaster.pid").exists():
+            pids += self._tree()
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
 

@@ -24,11 +24,33 @@ def unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("scheme", ["redis", "etcd"])
+@pytest.mark.parametrize("scheme", ["redis", "etcd", "postgresql"])
 async def test_no_password_reaches_logs_answers_or_metrics(scheme: str) -> None:
-    path = "/0" if scheme == "redis" else ""
+    path = {"redis": "/0", "postgresql": "/app"}.get(scheme, "")
     store = f"{scheme}://app:{SECRET}@127.0.0.1:{unused_port()}{path}"  # nothing listens there
-    sidecar = SidecarProcess.start("a", store, lease_duration="1s", env={"PYTHONWARNINGS": ""})
+    await no_secret_in_output(store)
+
+
+@pytest.mark.parametrize("where", ["url", "parameter", "PGPASSWORD"])
+async def test_no_postgresql_password_is_printed_when_the_server_refuses_it(where: str) -> None:
+    """A real server refusing the password (authentication failed): the password, wherever
+    it came from, is in no log line, answer or metric."""
+    from tests.postgresql.servers import shared_server
+
+    server = await asyncio.to_thread(shared_server)
+    base = f"postgresql://app@127.0.0.1:{server.port}/postgres"
+    store, env = {
+        "url": (base.replace("app@", f"app:{SECRET}@"), {}),
+        "parameter": (f"{base}?password={SECRET}", {}),
+        "PGPASSWORD": (base, {"PGPASSWORD": SECRET}),
+    }[where]
+    await no_secret_in_output(store, env)
+
+
+async def no_secret_in_output(store: str, env: dict[str, str] | None = None) -> None:
+    sidecar = SidecarProcess.start(
+        "a", store, lease_duration="1s", env={"PYTHONWARNINGS": "", **(env or {})}
+    )
     try:
         sidecar.wait_log(lambda e: e.get("level") in ("warning", "error"))  # the store fails
         bodies = []
