@@ -52,6 +52,19 @@ SWITCHES: dict[str, dict[str, Any]] = {
         },
         "leaderService": {"enabled": False},
     },
+    "postgresql": {
+        **EXAMPLE,
+        "store": {
+            "type": "postgresql",
+            "postgresql": {
+                "url": "postgresql://sidecar@db-0.data:5432,db-1.data:5432/app?sslmode=verify-full"
+                "&sslrootcert=/etc/leader-sidecar/postgresql-tls/ca.crt",
+                "existingSecret": "db-auth",
+                "tlsSecret": "db-tls",
+            },
+        },
+        "leaderService": {"enabled": False},
+    },
     "sqlite": {
         "example": {"enabled": True, "replicas": 1},
         "store": {

@@ -179,9 +179,19 @@ def test_native_sidecar_is_refused_before_kubernetes_1_29(helm: Helm) -> None:
     assert sidecar(example(helm.template(values=SWITCHES["example"], kube_version="1.28.0")))
 
 
+@pytest.fixture(scope="module")
+def postgresql_tls(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory holding the CA the postgresql switch's URL names, as its Secret would."""
+    from tests.redis.servers import TlsFiles
+
+    files = TlsFiles.make(tmp_path_factory.mktemp("pg-chart-tls"), "chart")
+    (files.directory / "ca.crt").write_bytes(files.ca_cert.read_bytes())
+    return str(files.directory)
+
+
 @pytest.mark.parametrize("switch", sorted(set(SWITCHES) - {"defaults"}))
 def test_every_variable_the_chart_sets_is_a_setting_the_sidecar_accepts(
-    helm: Helm, switch: str
+    helm: Helm, switch: str, postgresql_tls: str
 ) -> None:
     """The sidecar refuses unknown LEADER_SIDECAR_* variables at start; here each one the chart
     sets is known and its value parses as the sidecar parses it."""
@@ -195,6 +205,9 @@ def test_every_variable_the_chart_sets_is_a_setting_the_sidecar_accepts(
             # parse_store checks that the directory exists, which it does in the pod only.
             assert value == "sqlite:////var/lib/leader-sidecar/leader-sidecar.db"
             continue
+        if name == "LEADER_SIDECAR_STORE" and value.startswith("postgresql:"):
+            # parse_store loads the TLS files the URL names, which exist in the pod only.
+            value = value.replace("/etc/leader-sidecar/postgresql-tls/", f"{postgresql_tls}/")
         by_env[name].parse(value)  # raises ValueError with the sidecar's own message
 
 
@@ -274,9 +287,37 @@ def test_the_redis_password_comes_from_the_secret_and_tls_files_from_a_mounted_s
     ]
 
 
+def test_the_postgresql_password_comes_from_the_secret_and_tls_files_from_a_mounted_secret(
+    helm: Helm,
+) -> None:
+    deployment = example(helm.template(values=SWITCHES["postgresql"]))
+    container = sidecar(deployment)
+    password = next(v for v in container["env"] if v["name"] == "PGPASSWORD")
+    assert password == {
+        "name": "PGPASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "db-auth", "key": "password"}},
+    }
+    assert environment(container)["LEADER_SIDECAR_STORE"].startswith(
+        "postgresql://sidecar@db-0.data:5432,db-1.data:5432/app?"
+    )
+    assert container["volumeMounts"] == [
+        {
+            "name": "leader-sidecar-postgresql-tls",
+            "mountPath": "/etc/leader-sidecar/postgresql-tls",
+            "readOnly": True,
+        }
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-postgresql-tls",
+            "secret": {"secretName": "db-tls", "defaultMode": 0o400},
+        }
+    ]
+
+
 def test_without_the_kubernetes_store_no_rbac_and_no_api_token(helm: Helm) -> None:
     """Redis and SQLite never talk to the API server: no Role, and no token in the pods."""
-    for switch in ("redis", "sqlite"):
+    for switch in ("redis", "sqlite", "postgresql"):
         manifests = helm.template(values=SWITCHES[switch])
         assert not find(manifests, "Role")
         assert not find(manifests, "RoleBinding")

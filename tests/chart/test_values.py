@@ -190,6 +190,25 @@ TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
         "every pod would become leader",
     ),
     (
+        "postgresql without a url",
+        {"store": {"type": "postgresql"}, "leaderService": {"enabled": False}},
+        "store.postgresql.url is required with store.type=postgresql",
+    ),
+    *(
+        (
+            f"a postgresql password in the url ({where})",
+            {
+                "store": {"type": "postgresql", "postgresql": {"url": url}},
+                "leaderService": {"enabled": False},
+            },
+            "store.postgresql.url must not contain a password",
+        )
+        for where, url in (
+            ("user:password@", "postgresql://sidecar:hunter2@db:5432/app"),
+            ("?password=", "postgresql://sidecar@db:5432/app?sslmode=require&password=hunter2"),
+        )
+    ),
+    (
         "leader service with redis",
         {"store": {"type": "redis", "redis": {"url": "redis://r:6379"}}},
         "with store.type=redis set leaderService.enabled=false",

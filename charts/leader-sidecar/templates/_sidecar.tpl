@@ -243,6 +243,13 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.existingSecret }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.store.postgresql.existingSecret | quote }}
+      key: {{ .Values.store.postgresql.existingSecretPasswordKey | quote }}
+{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -252,6 +259,11 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 {{- if and (eq .Values.store.type "redis") .Values.store.redis.tls.existingSecret }}
 - name: leader-sidecar-redis-tls
   mountPath: /etc/leader-sidecar/redis-tls
+  readOnly: true
+{{- end }}
+{{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}
+- name: leader-sidecar-postgresql-tls
+  mountPath: /etc/leader-sidecar/postgresql-tls
   readOnly: true
 {{- end }}
 {{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}
@@ -282,6 +294,13 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   secret:
     secretName: {{ .Values.store.redis.tls.existingSecret | quote }}
     defaultMode: 0444
+{{- end }}
+{{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}
+- name: leader-sidecar-postgresql-tls
+  secret:
+    secretName: {{ .Values.store.postgresql.tlsSecret | quote }}
+    # A private key must not be readable by others (libpq refuses it).
+    defaultMode: 0400
 {{- end }}
 {{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}
 - name: leader-sidecar-kubeconfig

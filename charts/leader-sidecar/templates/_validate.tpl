@@ -7,6 +7,12 @@ whether the chart is installed on its own or as a dependency.
 {{- $v := .Values -}}
 {{- $type := $v.store.type -}}
 
+{{- if and (eq $type "postgresql") (not $v.store.postgresql.url) -}}
+{{- fail "leader-sidecar: store.postgresql.url is required with store.type=postgresql, e.g. postgresql://sidecar@db:5432/app?sslmode=verify-full (password in store.postgresql.existingSecret)" -}}
+{{- end -}}
+{{- if and (eq $type "postgresql") (or (regexMatch "^[a-z]+://[^/@]*:[^/@]*@" $v.store.postgresql.url) (regexMatch "[?&](ssl)?password=" $v.store.postgresql.url)) -}}
+{{- fail "leader-sidecar: store.postgresql.url must not contain a password (it would be stored in the release and shown in the pod spec); put it in a Secret and set store.postgresql.existingSecret" -}}
+{{- end -}}
 {{- if and (eq $type "redis") (not $v.store.redis.url) -}}
 {{- fail "leader-sidecar: store.redis.url is required with store.type=redis, e.g. redis://redis-master:6379/0 (password in store.redis.existingSecret)" -}}
 {{- end -}}
