@@ -12,7 +12,7 @@ import aiohttp
 
 from tests.chaos.cluster import Cluster, Slot, lease_of
 from tests.chaos.schedule import FaultSpec
-from tests.chaos.stores import KubernetesStore
+from tests.chaos.stores import EtcdStore, KubernetesStore
 from tests.support.sidecars import Sample, SidecarProcess
 
 
@@ -315,6 +315,94 @@ async def late_write(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> 
     record.healed = time.time()
 
 
+# -- etcd: its members -----------------------------------------------------------------------
+
+
+def etcd(cluster: Cluster) -> EtcdStore:
+    assert isinstance(cluster.store, EtcdStore)
+    return cluster.store
+
+
+async def member_sigkill(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    store = etcd(cluster)
+    member = await asyncio.to_thread(store.target, spec.pick)
+    record.targets.append(f"member {member.name}")
+    record.began = time.time()
+    member.kill()
+    await asyncio.sleep(spec.hold)
+    await asyncio.to_thread(member.restart)
+    await asyncio.to_thread(store.cluster.wait_ready)
+    record.healed = time.time()
+
+
+async def member_sigstop(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    store = etcd(cluster)
+    member = await asyncio.to_thread(store.target, spec.pick)
+    record.targets.append(f"member {member.name}")
+    record.began = time.time()
+    member.pause()
+    try:
+        await asyncio.sleep(spec.hold)
+    finally:
+        member.resume()
+    record.healed = time.time()
+
+
+async def quorum_lost(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    store = etcd(cluster)
+    lost = store.cluster.members[1:] if spec.pick < 0.5 else store.cluster.members[:2]
+    record.targets.append("members " + ",".join(m.name for m in lost))
+    record.began = time.time()
+    for member in lost:
+        member.kill()
+    await asyncio.sleep(spec.hold)
+    for member in lost:
+        await asyncio.to_thread(member.restart)
+    await asyncio.to_thread(store.cluster.wait_ready)
+    record.healed = time.time()
+
+
+async def member_partition(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    store = etcd(cluster)
+    member = store.cluster.members[0]
+    proxy = store.peer_proxies[member.name]
+    record.targets.append(f"member {member.name} cut off from its peers")
+    record.began = time.time()
+    proxy.set_mode("blackhole" if spec.pick < 0.5 else "reset")
+    await asyncio.sleep(spec.hold)
+    proxy.set_mode("open")
+    record.healed = time.time()
+
+
+async def snapshot_restore(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """A snapshot, then a grant (the leader releases) and renewals after it, then every
+    member restored from the snapshot: etcd shows an older term and holder, its revision
+    goes back (the store loss of etcd)."""
+    store = etcd(cluster)
+    snapshot = store.cluster.directory / f"snapshot-{spec.index}.db"
+    record.began = time.time()
+    await asyncio.to_thread(store.cluster.save_snapshot, snapshot)
+    before = highest_term(cluster.observer.samples)
+    leader = await cluster.leader_now(timeout=2 * cluster.lease + 2)
+    if leader is not None:
+        record.targets.append(f"released by {who(cluster.slot_of(leader.name).proc)}")
+        try:
+            await release(cluster.slot_of(leader.name).proc)
+        except (TimeoutError, aiohttp.ClientError, AssertionError) as exc:
+            record.notes.append(f"release failed: {exc!r}")
+    try:
+        grant = await cluster.observer.wait_for(
+            lambda s: s.leader and (s.term or 0) > before, timeout=2 * cluster.lease + 2
+        )
+        record.notes.append(f"grant of term {grant.term} after the snapshot")
+    except AssertionError:
+        record.notes.append("no new grant after the snapshot")
+    await asyncio.sleep(spec.gap)
+    await asyncio.to_thread(store.cluster.restore_snapshot, snapshot)
+    record.notes.append(f"restored to the snapshot of term <= {before}")
+    record.healed = time.time()
+
+
 ACTIONS: dict[str, FaultAction] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -330,4 +418,9 @@ ACTIONS: dict[str, FaultAction] = {
     "clock_step_store": clock_step_store,
     "api_5xx": api_5xx,
     "late_write": late_write,
+    "member_sigkill": member_sigkill,
+    "member_sigstop": member_sigstop,
+    "quorum_lost": quorum_lost,
+    "member_partition": member_partition,
+    "snapshot_restore": snapshot_restore,
 }

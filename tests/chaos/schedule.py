@@ -35,8 +35,10 @@ class FaultSpec:
             self.kind.startswith("partition")
         ):
             parts.append(f"target={self.target}")
-        if self.kind in ("sigstop", "store_stall", "api_5xx", "late_write") or (
-            self.kind.startswith(("partition", "clock_step"))
+        if (
+            self.kind in ("sigstop", "store_stall", "api_5xx", "late_write")
+            or self.kind in ("member_sigkill", "member_sigstop", "quorum_lost", "member_partition")
+            or (self.kind.startswith(("partition", "clock_step")))
         ):
             parts.append(f"hold={self.hold:.2f}s")
         if self.kind.startswith("clock_step"):

@@ -17,7 +17,8 @@ from typing import ClassVar
 from sidecar.backends.redis.scripts import lease_keys
 from tests.chaos.clock import ClockShift
 from tests.chaos.fence import FencedResource, RedisFence, SqliteFence
-from tests.chaos.proxy import TcpProxy
+from tests.chaos.proxy import Mode, TcpProxy
+from tests.etcd.cluster import EtcdCluster, Member
 from tests.fakekube import FakeKubeProcess, write_kubeconfig
 from tests.redis.servers import RedisServer
 
@@ -281,6 +282,98 @@ class KubernetesStore(StoreHarness):
         await asyncio.to_thread(self.fake.stop)
 
 
+class ProxyGroup:
+    """One replica's proxies to every etcd member: a partition cuts all of them."""
+
+    def __init__(self, proxies: list[TcpProxy]) -> None:
+        self.proxies = proxies
+
+    def set_mode(self, mode: Mode) -> None:
+        for proxy in self.proxies:
+            proxy.set_mode(mode)
+
+    async def stop(self) -> None:
+        for proxy in self.proxies:
+            await proxy.stop()
+
+
+class EtcdStore(StoreHarness):
+    """A real three-member etcd cluster. Each sidecar lists every member (through proxies of
+    its own, in the same order: they all talk to the first member until it fails them), and
+    each member's peer traffic comes in through a proxy, so one member alone can be cut off
+    from the others (a partitioned member keeps serving its clients' connections, and answers
+    their linearizable requests with errors)."""
+
+    name = "etcd"
+    PREFIX = "chaos"
+    kinds = (
+        "member_sigkill",  # the member the sidecars talk to, or the Raft leader; restarted
+        "member_sigstop",  # the same, paused, then resumed
+        "quorum_lost",  # two of three members killed, then restarted
+        "member_partition",  # the first member cut off from the other two (peer traffic)
+        "snapshot_restore",  # every member restored from a snapshot older than the grants
+        "store_stall",  # every member paused
+        "delete_after_grant",
+        "delete_after_grant_twice",
+        "partition_blackhole",
+        "partition_reset",
+    )
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        (directory / "etcd").mkdir()
+        self.cluster = EtcdCluster(directory / "etcd", 3)
+        self.peer_proxies = {}
+        for member in self.cluster.members:
+            proxy = await TcpProxy("127.0.0.1", member.peer_port, f"peer-{member.name}").start()
+            member.advertised_peer_port = proxy.port
+            self.peer_proxies[member.name] = proxy
+        await asyncio.to_thread(self.cluster.launch)
+        self.proxies = {
+            slot: ProxyGroup(
+                [
+                    await TcpProxy("127.0.0.1", m.client_port, f"{slot}-{m.name}").start()
+                    for m in self.cluster.members
+                ]
+            )
+            for slot in slots
+        }
+        self.fence = SqliteFence(directory / "fence.db")
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        hosts = ",".join(proxy.address for proxy in self.proxies[slot].proxies)
+        return f"etcd://{hosts}/{self.PREFIX}", []
+
+    def proxy(self, slot: str) -> ProxyGroup:  # type: ignore[override]
+        return self.proxies[slot]
+
+    def target(self, pick: float) -> Member:
+        """The member every sidecar talks to first, or the Raft leader now."""
+        if pick < 0.5:
+            return self.cluster.members[0]
+        return self.cluster.leader()
+
+    async def stall(self, seconds: float) -> None:
+        for member in self.cluster.members:
+            member.pause()
+        try:
+            await asyncio.sleep(seconds)  # the stall itself
+        finally:
+            for member in self.cluster.members:
+                member.resume()
+
+    async def delete_record(self, lease: str | None = None) -> None:
+        key = f"{self.PREFIX}/lease/{lease or self.lease}"
+        await asyncio.to_thread(self.cluster.etcdctl, "del", key)
+
+    async def stop(self) -> None:
+        for group in self.proxies.values():
+            await group.stop()
+        await self.fence.close()
+        await asyncio.to_thread(self.cluster.stop)
+        for proxy in self.peer_proxies.values():
+            await proxy.stop()
+
+
 STORES: dict[str, type[StoreHarness]] = {
-    store.name: store for store in (SqliteStore, RedisStore, KubernetesStore)
+    store.name: store for store in (SqliteStore, RedisStore, KubernetesStore, EtcdStore)
 }

@@ -27,6 +27,19 @@ REDIS_TLS: dict[str, Any] = {
     "leaderService": {"enabled": False},
 }
 
+ETCD_TLS: dict[str, Any] = {
+    "store": {
+        "type": "etcd",
+        "etcd": {
+            "endpoints": "etcds://etcd-0.etcd:2379,etcd-1.etcd:2379,etcd-2.etcd:2379/my-app",
+            "username": "leader-sidecar",
+            "existingSecret": "etcd-auth",
+            "tls": {"existingSecret": "etcd-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+        },
+    },
+    "leaderService": {"enabled": False},
+}
+
 SWITCHES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "example": EXAMPLE,
@@ -40,6 +53,15 @@ SWITCHES: dict[str, dict[str, Any]] = {
         "leaderService": {"enabled": False},
     },
     "redis-tls": {**EXAMPLE, **REDIS_TLS},
+    "etcd": {
+        **EXAMPLE,
+        "store": {
+            "type": "etcd",
+            "etcd": {"endpoints": "etcd://etcd-0.etcd:2379,etcd-1.etcd:2379"},
+        },
+        "leaderService": {"enabled": False},
+    },
+    "etcd-tls": {**EXAMPLE, **ETCD_TLS},
     "redis-sentinel": {
         **EXAMPLE,
         "store": {

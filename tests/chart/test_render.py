@@ -20,7 +20,7 @@ from tests.chart.helm import (
     sidecar,
     validate,
 )
-from tests.chart.switches import SWITCHES
+from tests.chart.switches import ETCD_TLS, SWITCHES
 
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
@@ -315,9 +315,41 @@ def test_the_postgresql_password_comes_from_the_secret_and_tls_files_from_a_moun
     ]
 
 
+def test_the_etcd_password_comes_from_the_secret_and_tls_files_from_a_mounted_secret(
+    helm: Helm,
+) -> None:
+    deployment = example(helm.template(values=SWITCHES["etcd-tls"]))
+    container = sidecar(deployment)
+    password = next(v for v in container["env"] if v["name"] == "LEADER_SIDECAR_ETCD_PASSWORD")
+    assert password == {
+        "name": "LEADER_SIDECAR_ETCD_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "etcd-auth", "key": "password"}},
+    }
+    env = environment(container)
+    assert env["LEADER_SIDECAR_STORE"] == ETCD_TLS["store"]["etcd"]["endpoints"]
+    assert env["LEADER_SIDECAR_ETCD_USERNAME"] == "leader-sidecar"
+    assert env["LEADER_SIDECAR_ETCD_CA_FILE"] == "/etc/leader-sidecar/etcd-tls/ca.crt"
+    assert env["LEADER_SIDECAR_ETCD_CERT_FILE"] == "/etc/leader-sidecar/etcd-tls/tls.crt"
+    assert env["LEADER_SIDECAR_ETCD_KEY_FILE"] == "/etc/leader-sidecar/etcd-tls/tls.key"
+    assert container["volumeMounts"] == [
+        {
+            "name": "leader-sidecar-etcd-tls",
+            "mountPath": "/etc/leader-sidecar/etcd-tls",
+            "readOnly": True,
+        }
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-etcd-tls",
+            "secret": {"secretName": "etcd-tls", "defaultMode": 0o444},
+        }
+    ]
+
+
 def test_without_the_kubernetes_store_no_rbac_and_no_api_token(helm: Helm) -> None:
-    """Redis and SQLite never talk to the API server: no Role, and no token in the pods."""
-    for switch in ("redis", "sqlite", "postgresql"):
+    """Redis, etcd, PostgreSQL and SQLite never talk to the API server: no Role, and no token
+    in the pods."""
+    for switch in ("redis", "etcd", "sqlite", "postgresql"):
         manifests = helm.template(values=SWITCHES[switch])
         assert not find(manifests, "Role")
         assert not find(manifests, "RoleBinding")

@@ -14,8 +14,9 @@ from tests.chart.switches import EXAMPLE
 SCHEMA_REJECTS: list[tuple[str, dict[str, Any], str]] = [
     (
         "unknown store",
-        {"store": {"type": "etcd"}},
-        'store.type must be one of the following: "kubernetes", "redis", "sqlite"',
+        {"store": {"type": "zookeeper"}},
+        'store.type must be one of the following: "kubernetes", "redis", "sqlite", '
+        '"postgresql", "etcd"',
     ),
     (
         "misspelt top-level value",
@@ -106,6 +107,30 @@ SCHEMA_REJECTS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "etcd without endpoints",
+        {"store": {"type": "etcd"}, "leaderService": {"enabled": False}},
+        "store.etcd.endpoints is required with store.type=etcd",
+    ),
+    (
+        "etcd password in the URL",
+        {
+            "store": {"type": "etcd", "etcd": {"endpoints": "etcd://app:hunter2@etcd:2379"}},
+            "leaderService": {"enabled": False},
+        },
+        "store.etcd.endpoints must not contain a password",
+    ),
+    (
+        "etcd TLS files over plain etcd://",
+        {
+            "store": {
+                "type": "etcd",
+                "etcd": {"endpoints": "etcd://etcd:2379", "tls": {"existingSecret": "etcd-tls"}},
+            },
+            "leaderService": {"enabled": False},
+        },
+        "store.etcd.tls.existingSecret needs an etcds://",
+    ),
     (
         "redis without a URL",
         {"store": {"type": "redis"}, "leaderService": {"enabled": False}},

@@ -57,6 +57,9 @@ class Member:
         self.name = name
         self.client_port = client_port
         self.peer_port = peer_port
+        # The peer port the others reach it on: its own, or a proxy's in front of it (a
+        # partition of this member, tests/chaos).
+        self.advertised_peer_port = peer_port
         self.data_dir = cluster.directory / f"{name}.etcd"
         self.log = cluster.directory / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -71,6 +74,11 @@ class Member:
 
     @property
     def peer_url(self) -> str:
+        """Where the others reach it (its own peer port, or a proxy in front of it)."""
+        return f"http://127.0.0.1:{self.advertised_peer_port}"
+
+    @property
+    def listen_peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
 
     @property
@@ -85,7 +93,7 @@ class Member:
             "--data-dir", str(self.data_dir),
             "--listen-client-urls", self.client_url,
             "--advertise-client-urls", self.client_url,
-            "--listen-peer-urls", self.peer_url,
+            "--listen-peer-urls", self.listen_peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", cluster.initial_cluster,
             "--initial-cluster-state", state,
@@ -94,6 +102,9 @@ class Member:
             "--heartbeat-interval", "50",
             "--election-timeout", "500",
             "--snapshot-count", "10000",
+            # Not a warning per slow request: on a busy test machine that is most of them,
+            # and the logging itself slows the member down further.
+            "--logger", "zap", "--log-outputs", "stderr", "--log-level", "error",
             "--quota-backend-bytes", str(256 * 1024 * 1024),
         ]  # fmt: skip
         if cluster.tls is not None:
@@ -168,7 +179,11 @@ class EtcdCluster:
 
     @classmethod
     def start(cls, directory: Path, size: int = 3, tls: TlsFiles | None = None) -> EtcdCluster:
-        cluster = cls(directory, size, tls)
+        return cls(directory, size, tls).launch()
+
+    def launch(self) -> EtcdCluster:
+        """Start every member (a new cluster) and wait until it serves."""
+        cluster = self
         for member in cluster.members:
             member.launch()
         try:

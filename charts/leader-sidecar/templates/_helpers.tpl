@@ -158,6 +158,8 @@ leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 {{- define "leader-sidecar.storeURL" -}}
 {{- if eq .Values.store.type "redis" -}}
 {{- .Values.store.redis.url -}}
+{{- else if eq .Values.store.type "etcd" -}}
+{{- .Values.store.etcd.endpoints -}}
 {{- else if eq .Values.store.type "postgresql" -}}
 {{- .Values.store.postgresql.url -}}
 {{- else if eq .Values.store.type "sqlite" -}}

@@ -243,6 +243,33 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if eq .Values.store.type "etcd" }}
+{{- with .Values.store.etcd }}
+{{- with .username }}
+- name: LEADER_SIDECAR_ETCD_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .existingSecret }}
+- name: LEADER_SIDECAR_ETCD_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | quote }}
+      key: {{ .existingSecretPasswordKey | quote }}
+{{- end }}
+{{- if .tls.existingSecret }}
+{{- with .tls.caKey }}
+- name: LEADER_SIDECAR_ETCD_CA_FILE
+  value: {{ printf "/etc/leader-sidecar/etcd-tls/%s" . | quote }}
+{{- end }}
+{{- if .tls.certKey }}
+- name: LEADER_SIDECAR_ETCD_CERT_FILE
+  value: {{ printf "/etc/leader-sidecar/etcd-tls/%s" .tls.certKey | quote }}
+- name: LEADER_SIDECAR_ETCD_KEY_FILE
+  value: {{ printf "/etc/leader-sidecar/etcd-tls/%s" .tls.keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.existingSecret }}
 - name: PGPASSWORD
   valueFrom:
@@ -259,6 +286,11 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 {{- if and (eq .Values.store.type "redis") .Values.store.redis.tls.existingSecret }}
 - name: leader-sidecar-redis-tls
   mountPath: /etc/leader-sidecar/redis-tls
+  readOnly: true
+{{- end }}
+{{- if and (eq .Values.store.type "etcd") .Values.store.etcd.tls.existingSecret }}
+- name: leader-sidecar-etcd-tls
+  mountPath: /etc/leader-sidecar/etcd-tls
   readOnly: true
 {{- end }}
 {{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}
@@ -293,6 +325,12 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: leader-sidecar-redis-tls
   secret:
     secretName: {{ .Values.store.redis.tls.existingSecret | quote }}
+    defaultMode: 0444
+{{- end }}
+{{- if and (eq .Values.store.type "etcd") .Values.store.etcd.tls.existingSecret }}
+- name: leader-sidecar-etcd-tls
+  secret:
+    secretName: {{ .Values.store.etcd.tls.existingSecret | quote }}
     defaultMode: 0444
 {{- end }}
 {{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}

@@ -40,6 +40,22 @@ whether the chart is installed on its own or as a dependency.
 {{- fail "leader-sidecar: store.redis.tls.* keys name entries of store.redis.tls.existingSecret; set that Secret's name" -}}
 {{- end -}}
 
+{{- if and (eq $type "etcd") (not $v.store.etcd.endpoints) -}}
+{{- fail "leader-sidecar: store.etcd.endpoints is required with store.type=etcd, e.g. etcd://etcd-0.etcd:2379,etcd-1.etcd:2379,etcd-2.etcd:2379 (password in store.etcd.existingSecret)" -}}
+{{- end -}}
+{{- if and (eq $type "etcd") (regexMatch "^[a-z]+://[^/@]*:[^/@]*@" $v.store.etcd.endpoints) -}}
+{{- fail "leader-sidecar: store.etcd.endpoints must not contain a password (it would be stored in the release and shown in the pod spec); put it in a Secret and set store.etcd.existingSecret" -}}
+{{- end -}}
+{{- if and (eq $type "etcd") (or $v.store.etcd.tls.certKey $v.store.etcd.tls.keyKey) (not (and $v.store.etcd.tls.certKey $v.store.etcd.tls.keyKey)) -}}
+{{- fail "leader-sidecar: store.etcd.tls.certKey and store.etcd.tls.keyKey go together; set both or neither" -}}
+{{- end -}}
+{{- if and (eq $type "etcd") (or $v.store.etcd.tls.certKey (ne $v.store.etcd.tls.caKey "ca.crt")) (not $v.store.etcd.tls.existingSecret) -}}
+{{- fail "leader-sidecar: store.etcd.tls.* keys name entries of store.etcd.tls.existingSecret; set that Secret's name" -}}
+{{- end -}}
+{{- if and (eq $type "etcd") $v.store.etcd.tls.existingSecret (not (hasPrefix "etcds://" $v.store.etcd.endpoints)) -}}
+{{- fail "leader-sidecar: store.etcd.tls.existingSecret needs an etcds:// store.etcd.endpoints (TLS)" -}}
+{{- end -}}
+
 {{- if eq $type "sqlite" -}}
 {{- if not $v.store.sqlite.volume -}}
 {{- fail "leader-sidecar: store.sqlite.volume is required with store.type=sqlite: a volume every replica shares on ONE node, e.g. {hostPath: {path: /var/lib/leader-sidecar, type: DirectoryOrCreate}}; for more than one node use store.type=kubernetes or redis" -}}

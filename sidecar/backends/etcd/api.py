@@ -61,6 +61,7 @@ _MEMBER_TROUBLE = (
     "too many requests",
     "too many learner",
 )
+TIMEOUTS_TO_MOVE = 2  # requests in a row that time out on one member before moving on
 AUTH_TIMEOUT = 5.0  # seconds an authentication may take, whatever the request timeout
 _STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth: revision")
 
@@ -106,6 +107,11 @@ class EtcdError(Exception):
         return any(text in self.message for text in _MEMBER_TROUBLE)
 
     @property
+    def timed_out(self) -> bool:
+        """No answer in time: the member may be gone, or only slow (a busy machine)."""
+        return (self.status == 0 and "timed out" in self.message) or self.code == DEADLINE_EXCEEDED
+
+    @property
     def stale_token(self) -> bool:
         return self.code == UNAUTHENTICATED or any(t in self.message for t in _STALE_TOKEN)
 
@@ -126,6 +132,7 @@ class EtcdApi:
         self._ssl = target.ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self.current = 0  # index of the endpoint requests go to
+        self._timeouts = 0  # requests in a row that timed out on the current endpoint
         self._token: str | None = None
         self._auth_task: asyncio.Future[str | None] | None = None
         self._auth_disabled_logged = False
@@ -164,6 +171,7 @@ class EtcdApi:
         if len(self.target.endpoints) < 2 or failed != self.current:
             return
         self.current = (failed + 1) % len(self.target.endpoints)
+        self._timeouts = 0
         log(
             logger,
             "warning",
@@ -190,6 +198,9 @@ class EtcdApi:
             if left <= 0:
                 raise EtcdError(op, 0, f"timed out after {budget:.3f}s")
             index = self.current
+            # What any answer to this request must show at least (linearizable: it was sent
+            # after these answers came), whatever answers to other requests come meanwhile.
+            floor, cluster = self.revision, self.cluster_id
             try:
                 answer = await self._post(op, index, path, body, left)
             except EtcdError as error:
@@ -204,10 +215,22 @@ class EtcdApi:
                     await self._authenticate(index, stale=self._token)
                     continue
                 if error.member_trouble:
-                    self.move_on(index, str(error))
+                    self.failed_on(index, error)
                 raise
-            self._check_header(answer.get("header"))
+            if index == self.current:
+                self._timeouts = 0
+            self._check_header(answer.get("header"), floor, cluster)
             return answer
+
+    def failed_on(self, index: int, error: EtcdError) -> None:
+        """A request to endpoint ``index`` found its member unable to serve. A timeout alone
+        moves the client on only at the second in a row: one slow answer on a busy machine is
+        no reason to leave a member (and every watch stream on it) for another."""
+        if error.timed_out and index == self.current:
+            self._timeouts += 1
+            if self._timeouts < TIMEOUTS_TO_MOVE:
+                return
+        self.move_on(index, str(error))
 
     async def _post(
         self,
@@ -281,8 +304,9 @@ class EtcdApi:
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=budget),
                 )
         except TimeoutError:
-            self.move_on(index, "no answer to the watch")
-            raise EtcdError(op, 0, f"timed out after {budget:.3f}s") from None
+            error = EtcdError(op, 0, f"timed out after {budget:.3f}s")
+            self.failed_on(index, error)
+            raise error from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -293,7 +317,7 @@ class EtcdApi:
                 raw = await response.content.read(64 * 1024)
                 error = EtcdError(op, response.status, raw.decode(errors="replace").strip())
                 if error.member_trouble:
-                    self.move_on(index, str(error))
+                    self.failed_on(index, error)
                 raise error
             yield response.content
         finally:
@@ -347,9 +371,11 @@ class EtcdApi:
         self._token = str(token) if token else None
         return self._token
 
-    def _check_header(self, header: Any) -> None:
-        """Note the revision of a linearizable answer; a lower one than seen before, or
-        another cluster's, means the store went back (`on_restore`)."""
+    def _check_header(self, header: Any, floor: int, cluster_before: str | None) -> None:
+        """Note the revision of a linearizable answer. One below ``floor`` (the highest
+        revision answered before this request was sent: requests in flight together may
+        answer in any order), or from another cluster, means the store went back
+        (`on_restore`)."""
         if not isinstance(header, dict):
             return
         try:
@@ -359,12 +385,12 @@ class EtcdApi:
         cluster = header.get("cluster_id")
         cluster = str(cluster) if cluster is not None else None
         why = None
-        if cluster is not None and self.cluster_id is not None and cluster != self.cluster_id:
-            why = f"answers come from another cluster ({cluster}, not {self.cluster_id})"
-        elif revision < self.revision:
+        if cluster is not None and cluster_before is not None and cluster != cluster_before:
+            why = f"answers come from another cluster ({cluster}, not {cluster_before})"
+        elif revision < floor:
             why = (
-                f"etcd's revision went back from {self.revision} to {revision}: the cluster "
-                "was restored from an older snapshot"
+                f"etcd's revision went back from {floor} to {revision}: the cluster was "
+                "restored from an older snapshot"
             )
         if cluster is not None:
             self.cluster_id = cluster

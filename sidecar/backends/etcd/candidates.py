@@ -115,7 +115,7 @@ class EtcdCandidates:
         self._following += 1
         try:
             while True:
-                state = await subscription.next()
+                state, _as_of = await subscription.next()
                 records = [decode(kv) for kv in state.values()]
                 yield [c for c in records if c is not None]
         finally:

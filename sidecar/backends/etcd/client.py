@@ -114,12 +114,24 @@ class EtcdStoreClient:
         stored, _, epoch = version.rpartition(EPOCH)
         return stored if epoch == str(self.epoch) else None
 
-    def note(self, key: bytes, kv: KeyValue | None) -> None:
-        """Remember what ``key`` holds, unless a later revision is remembered already (a
-        late watch event must not replace a fresher answer)."""
+    def note(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
+        """Remember what ``key`` holds as of revision ``as_of``, unless something later is
+        remembered already (answers to requests in flight together, and watch lists, can
+        come in after a newer answer)."""
         known = self.seen.get(key)
-        if kv is None or known is None or kv.mod_revision >= known.mod_revision:
+        if known is None or as_of >= known.mod_revision:
             self.seen[key] = kv
+
+    def newest(self, key: bytes, kv: KeyValue | None, as_of: int) -> KeyValue | None:
+        """What ``key`` holds: ``kv``, as a watch shows it current at revision ``as_of``, or
+        what this client saw later (its own write, a read), whichever is newer. A watch lists
+        again while this client writes: its list can come in after a grant the client made
+        and saw, and must not show that grant undone (a loss to the elector)."""
+        known = self.seen.get(key)
+        if known is not None and known.mod_revision > as_of:
+            return known
+        self.note(key, kv, as_of)
+        return kv
 
     def lost_sight(self, why: str) -> None:
         """A new epoch: writes this client saw may be gone (see ``epoch``)."""
@@ -181,7 +193,7 @@ class EtcdStoreClient:
         answer = await self.call("range", "/v3/kv/range", range_op(key))
         kvs = answer.get("kvs") or []
         kv = KeyValue.decode(kvs[0]) if kvs else None
-        self.note(key, kv)
+        self.note(key, kv, _revision(answer))
         return kv
 
     async def read_ranges(
@@ -197,7 +209,7 @@ class EtcdStoreClient:
             found.append([KeyValue.decode(kv) for kv in kvs])
         if len(found) != len(ranges):
             raise self.fail("error", f"a read of {len(ranges)} ranges answered {len(found)}")
-        revision = int((answer.get("header") or {}).get("revision") or 0)
+        revision = _revision(answer)
         return found, revision
 
     async def swap(
@@ -217,14 +229,14 @@ class EtcdStoreClient:
         self.writes += 1
         answer = await self.call(op, "/v3/kv/txn", body)
         if answer.get("succeeded"):
-            revision = int((answer.get("header") or {}).get("revision") or 0)
+            revision = _revision(answer)
             now = None if value is None else KeyValue(key, value, revision)
             self.seen[key] = now
             return True, now
         responses = answer.get("responses") or [{}]
         kvs = (responses[0].get("response_range") or {}).get("kvs") or []
         kv = KeyValue.decode(kvs[0]) if kvs else None
-        self.note(key, kv)
+        self.note(key, kv, _revision(answer))
         return False, kv
 
     # -- many renewals in one round trip (`RenewsMany`) ----------------------------------------
@@ -240,9 +252,9 @@ class EtcdStoreClient:
         keys = [lease_key(self.target.prefix, r.name) for r in renewals]
         unseen = [key for key in keys if key not in self.seen]
         for chunk in _chunks(unseen, MAX_TXN_OPS):
-            found, _revision = await self.read_ranges([(key, None) for key in chunk])
+            found, revision = await self.read_ranges([(key, None) for key in chunk])
             for key, kvs in zip(chunk, found, strict=True):
-                self.note(key, kvs[0] if kvs else None)
+                self.note(key, kvs[0] if kvs else None, revision)
         outcomes: list[RenewalOutcome | None] = [None] * len(renewals)
         pending = list(range(len(renewals)))
         # A lease whose compare lost (its record changed since this client saw it: a watch
@@ -336,7 +348,7 @@ class EtcdStoreClient:
         ]
         self.writes += 1
         answer = await self.call("renew many", "/v3/kv/txn", {"success": nested})
-        revision = int((answer.get("header") or {}).get("revision") or 0)
+        revision = _revision(answer)
         responses = answer.get("responses") or []
         if len(responses) != len(chunk):
             raise self.fail("error", f"a batch of {len(chunk)} answered {len(responses)}")
@@ -352,7 +364,7 @@ class EtcdStoreClient:
             inner = (txn.get("responses") or [{}])[0]
             kvs = (inner.get("response_range") or {}).get("kvs") or []
             now = KeyValue.decode(kvs[0]) if kvs else None
-            self.note(key, now)
+            self.note(key, now, revision)
             results.append((False, now))
         return results
 
@@ -386,3 +398,8 @@ class _Planned:
     key: bytes
     seen: KeyValue | None
     value: bytes
+
+
+def _revision(answer: dict[str, Any]) -> int:
+    """The revision an answer is current at (its header's)."""
+    return int((answer.get("header") or {}).get("revision") or 0)

@@ -197,9 +197,8 @@ class EtcdLease:
         subscription = self.client.hub.join(self.key, None, within=self.client.leases_range)
         try:
             while True:
-                state = await subscription.next()
-                kv = state.get(self.key)
-                self.client.note(self.key, kv)
+                state, as_of = await subscription.next()
+                kv = self.client.newest(self.key, state.get(self.key), as_of)
                 try:
                     record = self._record(kv)
                 except StoreUnavailable:

@@ -75,6 +75,7 @@ class Subscription:
         self.end = end
         self.state: dict[bytes, KeyValue] = {}
         self.since: int | None = None  # the revision it was last read at (None: not yet)
+        self.as_of = 0  # the revision its state is current at (its read, or its last event)
         self.watching = False
         self._ready = asyncio.Event()
 
@@ -85,7 +86,7 @@ class Subscription:
 
     def snapshot(self, kvs: list[KeyValue], revision: int) -> None:
         self.state = {kv.key: kv for kv in kvs}
-        self.since = revision
+        self.since = self.as_of = revision
         self._ready.set()
 
     def apply(self, kind: str, kv: KeyValue) -> None:
@@ -96,13 +97,15 @@ class Subscription:
             self.state.pop(kv.key, None)
         else:
             self.state[kv.key] = kv
+        self.as_of = max(self.as_of, kv.mod_revision)
         self._ready.set()
 
-    async def next(self) -> dict[bytes, KeyValue]:
-        """The keys as they are, once something happened since the last call."""
+    async def next(self) -> tuple[dict[bytes, KeyValue], int]:
+        """The keys as they are, and the revision they are current at, once something
+        happened since the last call."""
         await self._ready.wait()
         self._ready.clear()
-        return dict(self.state)
+        return dict(self.state), self.as_of
 
 
 class Broken(Exception):
