@@ -84,6 +84,9 @@ class EtcdStoreClient:
         # byte for byte, under the revision it had, without the renewals that followed it
         # (rule 2). One cluster, one epoch.
         self.epoch = 0
+        # The revision etcd answered at when this client saw it go back (0: never): every
+        # key last written at or before it is shown as a loss (see `record`).
+        self.restored_revision = 0
         # What was last seen of each key (None: absent): a write is conditional on exactly it.
         self.seen: dict[bytes, KeyValue | None] = {}
         self._failing: str | None = None  # the problem last logged, until a request succeeds
@@ -106,7 +109,19 @@ class EtcdStoreClient:
             record = decode_record(kv.value, kv.key)
         except ForeignValue as exc:
             raise self.fail("error", str(exc)) from None
-        return dataclasses.replace(record, version=f"{record.version}{EPOCH}{self.epoch}")
+        version = f"{record.version}{EPOCH}{self.epoch}"
+        if kv.mod_revision <= self.restored_revision:
+            # Written before etcd went back in time (a restore from an older snapshot): what
+            # it shows is what the store remembered, not what it last granted. Shown as the
+            # store's loss, at the term it holds (a loss marker: no holder, not released), so
+            # every replica that saw etcd go back waits a lease and jumps its next grant above
+            # every term seen (rules 5, 8), also one that never saw a grant the restore
+            # forgot; the holder puts its grant back over it. Writes still compare the real
+            # value. The next write of the key ends it.
+            return LeaseRecord(
+                holder=None, term=record.term, duration=record.duration, version=version
+            )
+        return dataclasses.replace(record, version=version)
 
     def untagged(self, version: str) -> str | None:
         """The stored version a reported one names, or None if it was reported in an earlier
@@ -140,6 +155,7 @@ class EtcdStoreClient:
 
     def restored(self, why: str) -> None:
         log(logger, "warning", "etcd went back in time", why=why)
+        self.restored_revision = self.api.revision
         self.seen.clear()
         self.lost_sight(why)
 
