@@ -12,7 +12,7 @@ import aiohttp
 
 from tests.chaos.cluster import Cluster, Slot, lease_of
 from tests.chaos.schedule import FaultSpec
-from tests.chaos.stores import EtcdStore, KubernetesStore
+from tests.chaos.stores import EtcdStore, KubernetesStore, PostgresStore
 from tests.support.sidecars import Sample, SidecarProcess
 
 
@@ -400,6 +400,33 @@ async def snapshot_restore(cluster: Cluster, spec: FaultSpec, record: FaultRecor
     await asyncio.sleep(spec.gap)
     await asyncio.to_thread(store.cluster.restore_snapshot, snapshot)
     record.notes.append(f"restored to the snapshot of term <= {before}")
+def postgres(cluster: Cluster) -> PostgresStore:
+    assert isinstance(cluster.store, PostgresStore)
+    return cluster.store
+
+
+async def store_pause(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await postgres(cluster).pause(spec.hold)
+    record.healed = time.time()
+
+
+async def store_crash(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await postgres(cluster).crash()
+    record.healed = time.time()
+
+
+async def terminate_sessions(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    ended = await postgres(cluster).terminate_sessions()
+    record.notes.append(f"{ended} session(s) terminated")
+    record.healed = time.time()
+
+
+async def store_failover(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    record.began = time.time()
+    await postgres(cluster).failover()
     record.healed = time.time()
 
 
@@ -423,4 +450,8 @@ ACTIONS: dict[str, FaultAction] = {
     "quorum_lost": quorum_lost,
     "member_partition": member_partition,
     "snapshot_restore": snapshot_restore,
+    "store_pause": store_pause,
+    "store_crash": store_crash,
+    "terminate_sessions": terminate_sessions,
+    "store_failover": store_failover,
 }

@@ -36,7 +36,7 @@ class FaultSpec:
         ):
             parts.append(f"target={self.target}")
         if (
-            self.kind in ("sigstop", "store_stall", "api_5xx", "late_write")
+            self.kind in ("sigstop", "store_stall", "store_pause", "api_5xx", "late_write")
             or self.kind in ("member_sigkill", "member_sigstop", "quorum_lost", "member_partition")
             or (self.kind.startswith(("partition", "clock_step")))
         ):

@@ -9,6 +9,7 @@ step of the store host and the Kubernetes API's own faults.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -374,6 +375,124 @@ class EtcdStore(StoreHarness):
             await proxy.stop()
 
 
+class PostgresStore(StoreHarness):
+    """A real PostgreSQL 15 (its own server, not the tests' shared one), each sidecar reaching
+    it through its own proxy, with a streaming standby kept beside it for a failover. The
+    fence is a SQLite table of its own (the resource must not share the store's faults)."""
+
+    name = "postgresql"
+    kinds = (
+        "store_stall",  # a table lock every statement waits behind
+        "store_pause",  # SIGSTOP of the whole server, then SIGCONT
+        "store_crash",  # SIGKILL of the server, restarted on its data (crash recovery)
+        "terminate_sessions",  # pg_terminate_backend of every sidecar session
+        "store_failover",  # promote a standby that missed the newest writes
+        "delete_after_grant",
+        "delete_after_grant_twice",
+        "partition_blackhole",
+        "partition_reset",
+    )
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        from tests.postgresql.servers import PostgresServer, make_directory
+
+        self._server_class = PostgresServer
+        self._make_directory = make_directory
+        self.server = await asyncio.to_thread(PostgresServer.start)
+        self.database = "chaos"
+        await asyncio.to_thread(self.server.psql, f"CREATE DATABASE {self.database}")
+        self.proxies = {
+            slot: await TcpProxy("127.0.0.1", self.server.port, slot).start() for slot in slots
+        }
+        self.standby: object | None = None
+        self.link: TcpProxy | None = None
+        await self._new_standby()
+        self.fence = SqliteFence(directory / "fence.db")
+
+    async def _new_standby(self) -> None:
+        """A standby of the current primary, streaming through a proxy (``link``) the
+        failover cuts, so what was in flight is lost too."""
+        self.link = await TcpProxy("127.0.0.1", self.server.port, "replication").start()
+        self.standby = await asyncio.to_thread(self.server.standby, via_port=self.link.port)
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        url = self.server.url(self.database).replace(
+            f"127.0.0.1:{self.server.port}", self.proxies[slot].address
+        )
+        return url, []
+
+    def proxy(self, slot: str) -> TcpProxy | None:
+        return self.proxies[slot]
+
+    async def stall(self, seconds: float) -> None:
+        """Every statement on the lease table waits behind an exclusive lock."""
+        import asyncpg
+
+        connection = await asyncpg.connect(self.server.url(self.database))
+        try:
+            async with connection.transaction():
+                await connection.execute(
+                    "LOCK TABLE leader_sidecar.leases IN ACCESS EXCLUSIVE MODE"
+                )
+                await asyncio.sleep(seconds)  # the stall itself
+        finally:
+            await connection.close()
+
+    async def pause(self, seconds: float) -> None:
+        self.server.pause()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.server.resume()
+
+    async def crash(self) -> None:
+        await asyncio.to_thread(self.server.restart, signal.SIGKILL)
+
+    async def terminate_sessions(self) -> int:
+        return await asyncio.to_thread(self.server.terminate_sessions, self.database)
+
+    async def failover(self) -> None:
+        """The standby stops receiving (its link reset), the primary writes on for a moment and
+        is killed, the standby is promoted, and every sidecar's proxy now leads there. A new
+        standby follows the new primary, for the next failover."""
+        assert self.link is not None
+        assert self.standby is not None
+        self.link.set_mode("reset")
+        await asyncio.sleep(0.3)  # renewals (or a grant) the standby never gets
+        old = self.server
+        await asyncio.to_thread(old.stop, signal.SIGKILL)
+        standby = self.standby
+        await asyncio.to_thread(standby.promote)  # type: ignore[attr-defined]
+        self.server = standby  # type: ignore[assignment]
+        for proxy in self.proxies.values():
+            proxy.upstream = ("127.0.0.1", self.server.port)
+            proxy.set_mode("reset")  # connections to the dead primary are gone anyway
+            proxy.set_mode("open")
+        await self.link.stop()
+        await asyncio.to_thread(old.destroy)
+        await self._new_standby()
+
+    async def delete_record(self, lease: str | None = None) -> None:
+        name = (lease or self.lease).replace("'", "''")
+        await asyncio.to_thread(
+            self.server.psql,
+            f"DELETE FROM leader_sidecar.leases WHERE name = '{name}'; "
+            f"DELETE FROM leader_sidecar.grants WHERE name = '{name}'",
+            self.database,
+        )
+
+    async def stop(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+        if self.link is not None:
+            await self.link.stop()
+        await self.fence.close()
+        if self.standby is not None:
+            await asyncio.to_thread(self.standby.destroy)  # type: ignore[attr-defined]
+        await asyncio.to_thread(self.server.destroy)
+
+
 STORES: dict[str, type[StoreHarness]] = {
-    store.name: store for store in (SqliteStore, RedisStore, KubernetesStore, EtcdStore)
+    store.name: store
+    for store in (SqliteStore, RedisStore, KubernetesStore, EtcdStore, PostgresStore)
 }

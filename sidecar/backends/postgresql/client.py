@@ -55,6 +55,11 @@ class PostgresStoreClient:
     # Statements in flight at once, and so the pool's size: a thousand leases renewing at the
     # same moment queue for these instead of opening a thousand connections.
     MAX_CONNECTIONS = 4
+    # How long opening a connection may take (TCP, TLS, SCRAM, several hosts in turn). Not
+    # bounded by one request's timeout: a connection a request gave up waiting for goes on
+    # opening and serves the next request, instead of being abandoned and started again by
+    # every request (on a busy host none would ever finish, and the server pays for each).
+    CONNECT_TIMEOUT = 10.0
 
     def __init__(
         self,
@@ -77,6 +82,7 @@ class PostgresStoreClient:
         self._pool: asyncpg.Pool | None = None
         self._opening = asyncio.Lock()
         self._schema_ready = False
+        self._background: set[asyncio.Future[None]] = set()  # connections going back to the pool
         # Bumped whenever the server may have lost writes this process saw: a request failed,
         # or the LISTEN connection had to reconnect (a failover to a standby that missed
         # writes, a restore from a backup, a restart). It is part of every version reported,
@@ -109,7 +115,7 @@ class PostgresStoreClient:
             settings["application_name"] = self.application_name[:63]
         return {
             "dsn": self.target.url,
-            "timeout": self.request_timeout,
+            "timeout": max(self.CONNECT_TIMEOUT, self.request_timeout),
             "server_settings": settings,
             "target_session_attrs": self.target.target_session_attrs,
         }
@@ -139,7 +145,14 @@ class PostgresStoreClient:
         cancelled is closed, not pooled: its state is unknown (a statement the server may
         still run, a socket that went quiet)."""
         pool = await self._get_pool()
-        connection = await pool.acquire()
+        acquiring = asyncio.ensure_future(pool.acquire(timeout=self.CONNECT_TIMEOUT))
+        try:
+            connection = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            # The request gave up (its timeout): the connection goes on opening and back to
+            # the pool once it is there.
+            acquiring.add_done_callback(lambda done: self._give_back(pool, done))
+            raise
         try:
             yield connection
         except BaseException:
@@ -147,6 +160,13 @@ class PostgresStoreClient:
             raise
         finally:
             await pool.release(connection, timeout=self.request_timeout)
+
+    def _give_back(self, pool: asyncpg.Pool, acquired: asyncio.Future[asyncpg.Connection]) -> None:
+        if acquired.cancelled() or acquired.exception() is not None:
+            return
+        releasing = asyncio.ensure_future(pool.release(acquired.result()))
+        self._background.add(releasing)
+        releasing.add_done_callback(self._background.discard)
 
     async def run(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """One request, bounded by the request timeout: the schema checked (once), a pooled

@@ -167,7 +167,7 @@ class ListenHub:
         timeout = client.request_timeout
         notices: asyncio.Queue[str | None] = asyncio.Queue()
         self._notices = notices
-        connection = await asyncio.wait_for(client.connect(), timeout)
+        connection = await client.connect()  # bounded by the client's connect timeout
         self.connections += 1
         try:
             connection.add_termination_listener(lambda _c: notices.put_nowait(None))
