@@ -35,11 +35,16 @@ from benchmarks.systems import (
     KubeStore,
     OfficialOnKube,
     OursOnKube,
+    OursOnPostgres,
     OursOnRedis,
+    PostgresStore,
+    RecipeOnPostgres,
     RecipeOnRedis,
     RedisStore,
     System,
 )
+
+AnyStore = KubeStore | RedisStore | PostgresStore
 
 
 def _log(message: str) -> None:
@@ -54,9 +59,9 @@ async def _trials(label: str, trials: int, one: Callable[[int], object]) -> list
     return results
 
 
-async def bench_store(store: KubeStore | RedisStore, ours: System, theirs: System, trials: int,
+async def bench_store(store: AnyStore, ours: System, theirs: System, trials: int,
                       throughput: bool, tmp: Path) -> list[Row]:  # fmt: skip
-    short = "K8s" if isinstance(store, KubeStore) else "Redis"
+    short = getattr(store, "short", "K8s" if isinstance(store, KubeStore) else "Redis")
     rows: list[Row] = []
     # start → leader: one process on an empty lease, ours and theirs alternately
     starts: dict[str, list[float]] = {"ours": [], "theirs": []}
@@ -230,13 +235,18 @@ async def main_async(args: argparse.Namespace) -> str:
         for name in args.stores.split(","):
             _log(f"store {name}")
             if name == "kubernetes":
-                store: KubeStore | RedisStore = KubeStore(tmp)
+                store: AnyStore = KubeStore(tmp)
                 systems: tuple[System, System] = (OursOnKube(store), OfficialOnKube(store))
             elif name == "redis":
                 store = RedisStore(tmp)
                 systems = (OursOnRedis(store), RecipeOnRedis(store))
+            elif name == "postgresql":
+                store = PostgresStore(tmp)
+                systems = (OursOnPostgres(store), RecipeOnPostgres(store))
             else:
-                raise SystemExit(f"--stores: unknown store {name!r} (kubernetes, redis)")
+                raise SystemExit(
+                    f"--stores: unknown store {name!r} (kubernetes, redis, postgresql)"
+                )
             try:
                 rows += await bench_store(
                     store, *systems, args.trials, throughput=name == args.stores.split(",")[-1],
@@ -249,7 +259,7 @@ async def main_async(args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--stores", default="kubernetes,redis")
+    parser.add_argument("--stores", default="kubernetes,redis,postgresql")
     parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
     compile_bytecode()

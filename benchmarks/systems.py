@@ -376,3 +376,135 @@ class RecipeOnRedis:
 
 def describe(system: Any) -> str:
     return json.dumps({"system": system.label, "lease": system.lease, "renew": system.renew})
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+
+# The store's own record of every write to a lease row, with the server's clock (same host).
+_WRITE_LOG = """
+CREATE TABLE bench_writes (name text NOT NULL, at timestamptz NOT NULL);
+CREATE FUNCTION bench_log_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bench_writes VALUES (NEW.name, clock_timestamp());
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_log AFTER INSERT OR UPDATE ON leader_sidecar.leases
+    FOR EACH ROW EXECUTE FUNCTION bench_log_write();
+"""
+
+
+class PostgresStore:
+    name = "PostgreSQL"
+    short = "PostgreSQL"
+    lease = 1.0
+
+    def __init__(self, tmp: Path) -> None:
+        from tests.postgresql.servers import PostgresServer
+
+        self.server = PostgresServer.start()
+        self.server.psql("CREATE DATABASE bench")
+        self.url = self.server.url("bench")
+        subprocess.run(
+            ["python3", "-m", "sidecar", "postgresql-schema", "--store", self.url],
+            check=True,
+            capture_output=True,
+        )
+        self.sql(_WRITE_LOG)
+
+    def sql(self, statement: str) -> str:
+        return self.server.value(statement, "bench")
+
+    def stall(self) -> None:
+        self.server.pause()
+
+    def unstall(self) -> None:
+        self.server.resume()
+
+    def close(self) -> None:
+        self.server.destroy()
+
+
+class OursOnPostgres:
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: PostgresStore, lease: str = "bench-ours") -> None:
+        self.store = store
+        self.lease_name = lease
+        self.lease = store.lease
+        self.renew = store.lease / 3
+
+    def start(self, name: str, slot: str) -> Replica:
+        return SidecarProcess.start(
+            name,
+            self.store.url,
+            lease_duration=f"{self.lease:g}s",
+            args=["--lease", self.lease_name, "--log-level", "info"],
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        value = self.store.sql(
+            "SELECT extract(epoch FROM max(at)) FROM bench_writes "
+            f"WHERE name = '{self.lease_name}' AND at <= to_timestamp({moment})"
+        )
+        return float(value) if value else None
+
+    def reset(self) -> None:
+        self.store.sql(
+            f"DELETE FROM leader_sidecar.leases WHERE name = '{self.lease_name}'; "
+            f"DELETE FROM leader_sidecar.grants WHERE name = '{self.lease_name}'"
+        )
+
+    def takeover(self) -> float:
+        """Another candidate's grant: next term, a new version, announced like every write.
+        Returns when the write was made (the store's own log)."""
+        intruder = f"intruder_{uuid.uuid4().hex[:8]}"
+        value = self.store.sql(
+            f"""
+            WITH granted AS (
+                UPDATE leader_sidecar.leases
+                SET holder = '{intruder}', term = term + 1, version = md5(random()::text),
+                    released = false, successor = NULL, handed = NULL
+                WHERE name = '{self.lease_name}' RETURNING name, term
+            ), fenced AS (
+                UPDATE leader_sidecar.grants g SET term = granted.term FROM granted
+                WHERE g.name = granted.name
+            )
+            SELECT extract(epoch FROM clock_timestamp()) FROM granted
+            """
+        )
+        return float(value)
+
+
+class RecipeOnPostgres:
+    label = "advisory-lock recipe"
+    ours = False
+
+    def __init__(self, store: PostgresStore, key: int = 4242) -> None:
+        self.store = store
+        self.key = key
+        self.lease = store.lease  # its timeouts only: the recipe has no lease
+        self.renew = 0.1
+
+    def start(self, name: str, slot: str) -> Replica:
+        return AnchorProcess.start(
+            "pg_advisory_lock", name, ["--url", self.store.url, "--key", str(self.key)]
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        """The lock is free the moment its session ends: the earliest take is ``moment``
+        itself (`measures` adds the lease to what this returns)."""
+        return moment - self.lease
+
+    def reset(self) -> None:
+        pass  # nobody holds the lock once the previous process is gone
+
+    def takeover(self) -> float:
+        """What takes a session lock from its holder: its session ended (an operator, a
+        failover, a pooler); another replica then takes the lock."""
+        value = self.store.sql(
+            "SELECT extract(epoch FROM clock_timestamp()) FROM ("
+            "SELECT pg_terminate_backend(pid) FROM pg_locks "
+            f"WHERE locktype = 'advisory' AND objid = {self.key} AND granted) ended"
+        )
+        return float(value.splitlines()[0]) if value else time.time()

@@ -110,7 +110,11 @@ class PostgresServer:
         server = cls(directory, free_port(), password)
         server.initdb(hba)
         server.settings = dict(settings or {})
-        server.launch()
+        try:
+            server.launch()
+        except BaseException:  # never leave a half-started server behind
+            server.destroy()
+            raise
         return server
 
     def initdb(self, hba: Sequence[str] = ()) -> None:
@@ -373,7 +377,11 @@ class PostgresServer:
         if via_port is not None:
             conf = standby.data / "postgresql.auto.conf"
             conf.write_text(conf.read_text().replace(f"port={self.port}", f"port={via_port}"))
-        standby.launch()
+        try:
+            standby.launch()
+        except BaseException:
+            standby.destroy()
+            raise
         return standby
 
     def promote(self) -> None:

@@ -24,7 +24,7 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.backends.postgresql import schema
-from sidecar.backends.postgresql.errors import explain, is_answer_about_data
+from sidecar.backends.postgresql.errors import explain, session_may_be_lost
 from sidecar.backends.postgresql.hub import ListenHub
 from sidecar.backends.postgresql.target import PostgresTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -82,6 +82,7 @@ class PostgresStoreClient:
         self._pool: asyncpg.Pool | None = None
         self._opening = asyncio.Lock()
         self._schema_ready = False
+        self._schema_task: asyncio.Future[None] | None = None
         self._background: set[asyncio.Future[None]] = set()  # connections going back to the pool
         # Bumped whenever the server may have lost writes this process saw: a request failed,
         # or the LISTEN connection had to reconnect (a failover to a standby that missed
@@ -155,16 +156,34 @@ class PostgresStoreClient:
             raise
         try:
             yield connection
-        except BaseException:
-            connection.terminate()
+        except (asyncio.CancelledError, TimeoutError):
+            # Given up mid-statement: asyncpg cancels it at the server, and the session goes
+            # back to the pool once that is done, in the background (closed if it does not
+            # finish in time). Reconnecting after every slow request would cost a handshake
+            # each time, on a server that is slow already.
+            self._release_later(pool, connection)
             raise
-        finally:
+        except BaseException:
+            connection.terminate()  # its state is unknown: a broken socket, a protocol error
+            await pool.release(connection)
+            raise
+        else:
             await pool.release(connection, timeout=self.request_timeout)
 
     def _give_back(self, pool: asyncpg.Pool, acquired: asyncio.Future[asyncpg.Connection]) -> None:
         if acquired.cancelled() or acquired.exception() is not None:
             return
-        releasing = asyncio.ensure_future(pool.release(acquired.result()))
+        self._release_later(pool, acquired.result())
+
+    def _release_later(self, pool: asyncpg.Pool, connection: asyncpg.Connection) -> None:
+        """Back to the pool in the background, bounded by the connect timeout (asyncpg closes
+        a connection whose release fails or times out)."""
+
+        async def release() -> None:
+            with contextlib.suppress(Exception):
+                await pool.release(connection, timeout=self.CONNECT_TIMEOUT)
+
+        releasing = asyncio.ensure_future(release())
         self._background.add(releasing)
         releasing.add_done_callback(self._background.discard)
 
@@ -175,7 +194,7 @@ class PostgresStoreClient:
         async def attempt() -> T:
             async with asyncio.timeout(self.request_timeout):
                 if not self._schema_ready:
-                    await self._ensure_schema()
+                    await self.ensure_schema()
                 async with self.borrowed() as connection:
                     self.requests += 1
                     return await work(connection)
@@ -184,16 +203,31 @@ class PostgresStoreClient:
 
     # -- the schema -----------------------------------------------------------------------
 
-    async def _ensure_schema(self) -> None:
-        async with self.borrowed() as connection:
-            await self.schema_on(connection)
+    async def ensure_schema(self) -> None:
+        """Check (once per client) that the schema is there; create it if it is not and the
+        role may (see `ensure_schema`). One check at a time per client, shielded from the
+        request that waits for it: creating the schema may take longer than a request (a
+        busy server, another sidecar creating it), and a creation cut short by every request's
+        timeout would never finish."""
+        if self._schema_ready:
+            return
+        if self._schema_task is None or self._schema_task.done():
+            self._schema_task = asyncio.ensure_future(self._set_up())
+            # Its failure is raised to whoever waits; retrieved here too, for when none does.
+            self._schema_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task = self._schema_task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self._schema_task = None  # the next request tries again
 
-    async def schema_on(self, connection: asyncpg.Connection) -> None:
-        """Check (once per client) on ``connection`` that the schema is there; create it if it
-        is not and the role may (see `ensure_schema`)."""
-        if not self._schema_ready:
-            await ensure_schema(connection, create=self.create_schema)
-            self._schema_ready = True
+    async def _set_up(self) -> None:
+        async with asyncio.timeout(self.CONNECT_TIMEOUT):
+            pool = await self._get_pool()
+            async with pool.acquire() as connection:
+                await ensure_schema(connection, create=self.create_schema)
+        self._schema_ready = True
 
     # -- versions -------------------------------------------------------------------------
 
@@ -224,11 +258,10 @@ class PostgresStoreClient:
             result = await work()
         except StoreError as exc:
             if isinstance(exc, StoreUnavailable):
-                self._lost_sight()
                 self._log_failure("error", str(exc))
             raise
         except Exception as exc:  # asyncpg, the socket, TLS, a row that is not ours
-            if not is_answer_about_data(exc):
+            if session_may_be_lost(exc):
                 self._lost_sight()
             raise self.unavailable(exc) from exc
         self._answered = True
@@ -238,9 +271,12 @@ class PostgresStoreClient:
         return result
 
     def _lost_sight(self) -> None:
-        """The server may have restarted, failed over or been restored meanwhile: a new epoch,
-        once per outage (the first failure after an answer), so a thousand leases failing one
-        after another do not keep restarting every follower's count."""
+        """A session was lost: the server may have restarted, failed over or been restored
+        meanwhile. A new epoch, once per outage (the first such failure after an answer), so
+        a thousand leases failing one after another do not keep restarting every follower's
+        count. A request that only took too long loses nothing: its session lives on (and a
+        session cannot outlive a restart, a failover or a restore; the LISTEN session, which
+        every watching sidecar holds, sees those as a broken connection too)."""
         if self._answered:
             self.new_epoch()
             self._answered = False
@@ -363,6 +399,8 @@ async def create_schema(connection: asyncpg.Connection) -> None:
     """Create (or complete) every object, under a transaction-scoped advisory lock so that
     sidecars starting together on a new database take turns."""
     async with connection.transaction():
+        # DDL and waiting for another creator take longer than a lease statement may.
+        await connection.execute("SET LOCAL statement_timeout = '60s'")
         await connection.execute("SELECT pg_advisory_xact_lock($1)", schema.SETUP_LOCK)
         complete, _missing = await _inspect(connection)
         if complete:

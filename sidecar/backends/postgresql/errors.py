@@ -64,10 +64,17 @@ def explain(exc: BaseException, *, request_timeout: float, tls: bool) -> tuple[s
     return "warning", f"{type(exc).__name__}: {text}"
 
 
-def is_answer_about_data(exc: BaseException) -> bool:
-    """A row that is not ours (our decoding failed): an answer about the data, not a sign that
-    the server lost anything."""
-    return isinstance(exc, ValueError | KeyError | TypeError)
+def session_may_be_lost(exc: BaseException) -> bool:
+    """Whether the failure may mean the session is gone (and with it, possibly, the server we
+    saw: a restart, a failover, a restore): a socket error, a closed connection, SQLSTATE class
+    08 (connection exception) or 57P (the server shutting down, a terminated backend). Not a
+    timeout (the session lives on), not an error a live session answered (a statement timeout,
+    a missing privilege), not a row that is not ours (our decoding failed)."""
+    if isinstance(exc, TimeoutError | ValueError | KeyError | TypeError):
+        return False
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(getattr(exc, "sqlstate", "") or "").startswith(("08", "57P"))
+    return True
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:

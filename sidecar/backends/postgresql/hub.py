@@ -9,7 +9,7 @@ cannot leave a follower waiting for a lease already free. Every reconnection sta
 epoch (the server may have failed over or restarted, and an older row may be back).
 
 A session that goes quiet (a partition that drops packets, a paused server) is found by a
-ping every `PING` seconds: no answer within the request timeout closes it, and it reconnects.
+ping every `PING` seconds: no answer within `PING_TIMEOUT` closes it, and it reconnects.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ class GroupFollower:
 
 
 class ListenHub:
-    # Seconds between pings of a quiet connection; a ping waits at most the request timeout.
+    # Seconds between pings of a quiet connection, and how long a ping may take.
     PING = 2.0
+    PING_TIMEOUT = 5.0
 
     def __init__(self, client: PostgresStoreClient) -> None:
         self._client = client
@@ -164,7 +165,7 @@ class ListenHub:
         """One connection's life: LISTEN, read every watched row, then deliver notifications
         until the connection fails or nobody watches any more."""
         client = self._client
-        timeout = client.request_timeout
+        timeout = self.PING_TIMEOUT  # the hub's own session: nobody's request waits on it
         notices: asyncio.Queue[str | None] = asyncio.Queue()
         self._notices = notices
         connection = await client.connect()  # bounded by the client's connect timeout
@@ -177,7 +178,7 @@ class ListenHub:
                 ),
                 timeout,
             )
-            await asyncio.wait_for(client.schema_on(connection), timeout)
+            await client.ensure_schema()
             await self._relist(connection, timeout)
             self._connected = True
             for followers in self._followers.values():
@@ -188,7 +189,9 @@ class ListenHub:
                 try:
                     payload = await asyncio.wait_for(notices.get(), self.PING)
                 except TimeoutError:
-                    await asyncio.wait_for(connection.fetchval("SELECT 1"), timeout)
+                    # Patient: a ping that fails ends the session, which costs a new epoch
+                    # (every follower times its lease anew) — not for a server merely slow.
+                    await asyncio.wait_for(connection.fetchval("SELECT 1"), self.PING_TIMEOUT)
                     payload = ""
                 if payload is None or connection.is_closed():
                     raise ConnectionError("the LISTEN connection closed")
