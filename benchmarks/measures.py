@@ -135,8 +135,8 @@ async def crash(pool: Pool) -> tuple[float | None, float, list[float]]:
     the followers' RSS)."""
     first, leader = await pool.settle()
     rss = (
-        rss_mib(leader.proc.pid),
-        [rss_mib(r.proc.pid) for r in pool.replicas if r is not leader],
+        rss_mib(getattr(leader, "measured_pid", leader.proc.pid)),
+        [rss_mib(getattr(r, "measured_pid", r.proc.pid)) for r in pool.replicas if r is not leader],
     )
     killed = time.time()
     leader.signal(signal.SIGKILL)

@@ -34,8 +34,11 @@ class AnchorProcess:
     Duck-types `SidecarProcess` where `LeaderObserver` needs it (``name``, ``proc``,
     ``leader_url``)."""
 
-    def __init__(self, proc: subprocess.Popen[str], name: str, info: dict[str, str]) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[str], name: str, info: dict[str, str], group: bool = False
+    ) -> None:
         self.proc = proc
+        self.group = group  # signals go to the process group (an anchor with a child)
         self.name = name
         self.local = info["listening"]
         self.identity = info["identity"]
@@ -45,8 +48,15 @@ class AnchorProcess:
 
     @classmethod
     def start(
-        cls, module: str, name: str, args: Sequence[str], timeout: float = 15.0
+        cls,
+        module: str,
+        name: str,
+        args: Sequence[str],
+        timeout: float = 15.0,
+        group: bool = False,
     ) -> AnchorProcess:
+        """``group``: the anchor runs the elector as a child (``etcdctl elect``); it gets a
+        process group of its own, and every signal goes to the group."""
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.Popen(
@@ -57,6 +67,7 @@ class AnchorProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=group,
         )
         got: dict[str, str] = {}
 
@@ -72,7 +83,7 @@ class AnchorProcess:
             proc.kill()
             _, err = proc.communicate(timeout=5)
             raise RuntimeError(f"anchor {module} did not start: {line!r} {err[-2000:]}")
-        return cls(proc, name, json.loads(line))
+        return cls(proc, name, json.loads(line), group)
 
     def _read_errors(self) -> None:
         assert self.proc.stderr is not None
@@ -85,13 +96,26 @@ class AnchorProcess:
         return f"http://{self.local}/leader"
 
     def signal(self, signum: int) -> None:
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signum)
+            return
         self.proc.send_signal(signum)
+
+    @property
+    def measured_pid(self) -> int:
+        """The elector's process: the child for a group anchor (its footprint, not the
+        wrapper's), else the anchor itself."""
+        if self.group:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+                return int(path.read_text().split()[0])
+        return self.proc.pid
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.send_signal(signal.SIGKILL)
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGKILL)
             self.proc.wait(5)
 
 

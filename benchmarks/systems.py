@@ -508,3 +508,149 @@ class RecipeOnPostgres:
             f"WHERE locktype = 'advisory' AND objid = {self.key} AND granted) ended"
         )
         return float(value.splitlines()[0]) if value else time.time()
+
+
+# -- etcd (a three-member cluster on loopback) ----------------------------------------------------
+
+
+class EtcdStore:
+    """A three-member etcd cluster (tests/etcd/cluster.py); the store's record of writes is a
+    watch of everything, each event stamped when it arrives (within a millisecond here)."""
+
+    name = "etcd"
+    short = "etcd"
+    lease = 1.0
+
+    def __init__(self, tmp: Path) -> None:
+        from tests.etcd.cluster import EtcdCluster
+
+        (tmp / "etcd").mkdir()
+        self.cluster = EtcdCluster.start(tmp / "etcd", 3)
+        self.endpoints = ",".join(m.endpoint for m in self.cluster.members)
+        self.writes: list[tuple[float, str]] = []  # (wall time, key)
+        self._watch = threading.Thread(target=self._follow, daemon=True)
+        self._watch.start()
+
+    def _follow(self) -> None:
+        """Every event of the cluster, as it arrives: the store's own record of writes."""
+        import base64
+        import urllib.request
+
+        body = json.dumps({"create_request": {"key": "AA==", "range_end": "AA=="}}).encode()
+        member = self.cluster.members[0]
+        request = urllib.request.Request(f"{member.client_url}/v3/watch", data=body)
+        with contextlib.suppress(Exception), urllib.request.urlopen(request) as stream:
+            for line in stream:
+                arrived = time.time()
+                result = json.loads(line).get("result") or {}
+                for event in result.get("events") or []:
+                    key = base64.b64decode(event["kv"]["key"]).decode(errors="replace")
+                    self.writes.append((arrived, key))
+                del self.writes[:-50000]
+
+    def last_write_before(self, prefix: str, moment: float) -> float | None:
+        return max(
+            (t for t, k in list(self.writes) if k.startswith(prefix) and t <= moment),
+            default=None,
+        )
+
+    def delete(self, prefix: str) -> None:
+        self.cluster.etcdctl("del", "--prefix", prefix)
+
+    def stall(self) -> None:
+        for member in self.cluster.members:
+            member.pause()
+
+    def unstall(self) -> None:
+        for member in self.cluster.members:
+            member.resume()
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+
+class OursOnEtcd:
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: EtcdStore, prefix: str = "bench-ours") -> None:
+        self.store = store
+        self.prefix = prefix
+        self.key = f"{prefix}/lease/default"
+        self.lease = store.lease
+        self.renew = store.lease / 3
+
+    def start(self, name: str, slot: str) -> Replica:
+        return SidecarProcess.start(
+            name,
+            f"etcd://{self.store.endpoints}/{self.prefix}",
+            lease_duration=f"{self.lease:g}s",
+            args=["--log-level", "info"],
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        return self.store.last_write_before(self.key, moment)
+
+    def reset(self) -> None:
+        self.store.delete(self.key)
+
+    def takeover(self) -> float:
+        """A grant to another identity in our record format: the next term, a new version."""
+        current = json.loads(
+            self.store.cluster.etcdctl("get", "--print-value-only", self.key) or "{}"
+        )
+        value = json.dumps(
+            {
+                "holder": f"intruder_{uuid.uuid4().hex[:8]}",
+                "term": int(current.get("term") or 0) + 1,
+                "duration_ms": int(self.lease * 1000),
+                "version": uuid.uuid4().hex[:16],
+            }
+        )
+        # Through the gateway, not etcdctl: a process start would land inside the measure.
+        import base64
+        import urllib.request
+
+        body = json.dumps(
+            {
+                "key": base64.b64encode(self.key.encode()).decode(),
+                "value": base64.b64encode(value.encode()).decode(),
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{self.store.cluster.members[0].client_url}/v3/kv/put", data=body
+        )
+        began = time.time()
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            answer.read()
+        return began
+
+
+class EtcdctlOnEtcd:
+    """etcd's own election (``etcdctl elect``): its session lease is 60 s, fixed by etcdctl."""
+
+    label = "etcdctl elect"
+    ours = False
+    demotes_on_takeover = False  # it never looks at its key again once it has won
+
+    def __init__(self, store: EtcdStore, election: str = "bench-etcdctl") -> None:
+        self.store = store
+        self.election = election
+        self.lease = 60.0
+        self.renew = 20.0  # the session's keep-alive: a third of the lease
+
+    def start(self, name: str, slot: str) -> Replica:
+        args = ["--endpoints", self.store.endpoints, "--election", self.election]
+        return AnchorProcess.start("etcd_elect", name, args, group=True)
+
+    def last_write_before(self, moment: float) -> float | None:
+        """The session lease is kept alive by its own stream, not a write to the key: the
+        earliest take is the candidate key's creation + the lease (its keep-alives only push
+        it on), so this is a lower bound of when another could win."""
+        return self.store.last_write_before(self.election + "/", moment)
+
+    def reset(self) -> None:
+        self.store.delete(self.election + "/")
+
+    def takeover(self) -> float:
+        raise NotImplementedError("etcdctl elect never looks at its key again once it has won")
