@@ -50,6 +50,25 @@ def test_the_prometheus_rule_spec_equals_the_rules_file(helm: Helm) -> None:
     assert rule["metadata"]["namespace"] == "apps"
 
 
+def test_runbooks_url_moves_every_runbook_link_to_that_page(helm: Helm) -> None:
+    """Runbooks kept in a fork or a wiki: each alert's runbook_url is that page plus the
+    alert's anchor; nothing else of the spec changes."""
+    page = "https://wiki.example.com/sre/leader-sidecar"
+    switch = SWITCHES["prometheus-rule"]["prometheusRule"]
+    values = {"prometheusRule": {**switch, "runbooksUrl": page}}
+    spec = one(helm.template(values=values), "PrometheusRule")["spec"]
+    source = yaml.safe_load(RULES_SOURCE.read_text())
+    rules = [rule for group in spec["groups"] for rule in group["rules"] if "alert" in rule]
+    assert len(rules) >= 7
+    for rule in rules:
+        assert rule["annotations"]["runbook_url"] == f"{page}#{rule['alert'].lower()}"
+    for group in source["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["annotations"]["runbook_url"] = f"{page}#{rule['alert'].lower()}"
+    assert spec == source
+
+
 def test_promtool_accepts_the_rendered_rules(helm: Helm, tmp_path: Path) -> None:
     """What the Prometheus operator would load: the rendered spec as a rule file."""
     spec = one(helm.template(values=SWITCHES["prometheus-rule"]), "PrometheusRule")["spec"]

@@ -35,6 +35,16 @@ SCHEMA_REJECTS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("negative duration", {"lease": {"duration": -1}}, "lease.duration: Must be greater than 0"),
     (
+        "relative runbooks URL",
+        {"prometheusRule": {"enabled": True, "runbooksUrl": "docs/operations.md"}},
+        "prometheusRule.runbooksUrl: Does not match pattern",
+    ),
+    (
+        "runbooks URL with an anchor",
+        {"prometheusRule": {"enabled": True, "runbooksUrl": "https://wiki.example.com/rb#x"}},
+        "prometheusRule.runbooksUrl: Does not match pattern",
+    ),
+    (
         "zero as a number",
         {"lease": {"renewInterval": 0}},
         "lease.renewInterval: Must be greater than 0",
