@@ -2,7 +2,12 @@
 has observed of the others' (issue 11: balance, transfer, rolling updates).
 
 Liveness is observed exactly like a lease (rule 2): another candidate counts as alive until
-this replica has seen its record's *version* unchanged for a lease on its own monotonic clock.
+this replica has seen its record's *version* unchanged for a lease on its own monotonic clock
+— and only once it has seen that version *change* (issue 25): a record seen with one version
+only may have been written once by anything (a hand edit, a replica that died after its first
+beat), and handing it a lease would leave that lease unled for a lease. Until then it is
+*pending*: never a successor, never counted in a share or a balance, only ranked among those
+who try a free lease first (a preference that costs a stand-back, never a lease).
 A record marked ``leaving`` (a replica shutting down) is never handed a lease. None of this is
 a safety rule: a wrong view moves a lease more or less often, it never grants one — grants stay
 conditional at the store and expiry stays observed per lease.
@@ -33,6 +38,7 @@ BEATS_REMEMBERED = 8
 class _Seen:
     record: Candidate
     since: float  # when this version was first seen (monotonic)
+    beating: bool = False  # an earlier version of it was seen: its writer beats
 
 
 class CandidateView:
@@ -52,23 +58,38 @@ class CandidateView:
                 del self._seen[identity]  # left, or garbage-collected
         for identity, record in current.items():
             seen = self._seen.get(identity)
-            if seen is None or seen.record.version != record.version:
+            if seen is None:
                 self._seen[identity] = _Seen(record, at)
+            elif seen.record.version != record.version:
+                self._seen[identity] = _Seen(record, at, beating=True)
             else:
                 seen.record = record
 
     def live(self, now: float) -> list[Candidate]:
-        """Every candidate alive as observed, this replica included (unless it is leaving),
+        """Every candidate alive as observed — its version seen to change, and then not
+        standing still for ``alive_for`` — this replica included (unless it is leaving),
         sorted by identity so that every replica plans over the same order."""
         alive = {
             identity: seen.record
             for identity, seen in self._seen.items()
-            if now - seen.since < self.alive_for and not seen.record.leaving
+            if seen.beating and now - seen.since < self.alive_for and not seen.record.leaving
         }
         alive.pop(self.me.identity, None)
         if not self.me.leaving:
             alive[self.me.identity] = self.me
         return [alive[identity] for identity in sorted(alive)]
+
+    def pending(self, now: float) -> list[Candidate]:
+        """Candidates seen with one version only, within ``alive_for`` of it (not leaving, not
+        this replica): maybe a replica that just started, maybe a record written once."""
+        return [
+            seen.record
+            for identity, seen in sorted(self._seen.items())
+            if not seen.beating
+            and now - seen.since < self.alive_for
+            and not seen.record.leaving
+            and identity != self.me.identity
+        ]
 
     def version_of(self, identity: str) -> str | None:
         """The version of ``identity``'s record as last seen."""
@@ -114,8 +135,13 @@ class CandidateBeat:
         needs_list: Callable[[], bool] = lambda: True,
         count: Callable[[str, str, float], None] = lambda op, outcome, seconds: None,
         versions_fresh_for: float = float("inf"),
+        on_bad: Callable[[Candidate], None] = lambda candidate: None,
     ) -> None:
         self.registry = registry
+        # Told of each record that cannot be read (left out) or has a field that cannot,
+        # once per version (`sidecar.backends.records`): the sidecar logs and counts it.
+        self._on_bad = on_bad
+        self._reported: set[tuple[str, str]] = set()
         # Whether the periodic beat also reads everyone's records (with one lease only the
         # leader needs them, and it reads them again before any hand-over anyway).
         self._needs_list = needs_list
@@ -225,13 +251,26 @@ class CandidateBeat:
         every beat of every replica must not wake a thousand electors each time)."""
         now = self._clock.now()
         before = [c.identity for c in self.view.live(now)]
-        self.view.observe(records, now)
+        self.view.observe(self._readable(records), now)
         self.listed_at = now
         after = [c.identity for c in self.view.live(now)]
         if before != after:
             log(logger, "info", "candidates changed", live=len(after), candidates=after)
         if before != after or not quiet:
             self._on_change()
+
+    def _readable(self, records: list[Candidate]) -> list[Candidate]:
+        """The records to judge by: one that cannot be read is left out, and each bad one is
+        reported once per version."""
+        reported = set()
+        for record in records:
+            if record.unreadable is not None or record.ignored is not None:
+                key = (record.identity, record.version)
+                if key not in self._reported:
+                    self._on_bad(record)
+                reported.add(key)
+        self._reported = reported  # what the store holds now: bounded by the group
+        return [record for record in records if record.unreadable is None]
 
     def current(self) -> bool:
         """The view holds every change of the group so far: its change stream is connected,

@@ -31,6 +31,8 @@ def _age(stamp: datetime | None, now: datetime) -> float | None:
 def _state(record: LeaseRecord | None) -> str:
     if record is None:
         return "none"
+    if record.unreadable is not None:
+        return "unreadable"  # a record of unknown holder: waited out, then taken over
     if record.holder is not None:
         return "held"
     if record.released:
@@ -46,6 +48,7 @@ def lease_row(name: str, record: LeaseRecord | None, now: datetime) -> dict[str,
         "state": _state(record),
         "lease_duration_seconds": record.duration if record else None,
         "seconds_since_renewal": _age(record.renewed_at, now) if record else None,
+        "problem": (record.unreadable or record.ignored) if record else None,
     }
 
 
@@ -60,6 +63,7 @@ def candidate_row(candidate: Candidate, now: datetime, lease: float) -> dict[str
         # By the store's wall clock: a hint for humans; the sidecars judge liveness by versions.
         "stale": age is None or age > lease,
         "holds": 0,
+        "unreadable": candidate.unreadable,
     }
 
 
@@ -132,7 +136,7 @@ def render_table(status: dict[str, Any]) -> str:
                     text(c["revision"]),
                     str(c["priority"]),
                     text(c["seconds_since_beat"]),
-                    "leaving" if c["leaving"] else ("stale" if c["stale"] else ""),
+                    _note(c),
                 ]
                 for c in status["candidates"]
             ],
@@ -140,6 +144,12 @@ def render_table(status: dict[str, Any]) -> str:
     else:
         out.append("no candidates registered")
     return "\n".join(out) + "\n"
+
+
+def _note(candidate: dict[str, Any]) -> str:
+    if candidate["unreadable"]:
+        return f"unreadable: {candidate['unreadable']}"
+    return "leaving" if candidate["leaving"] else ("stale" if candidate["stale"] else "")
 
 
 def _pop_option(argv: list[str], names: tuple[str, ...], default: str) -> str:

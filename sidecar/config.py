@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sidecar.backends.records import MAX_LEASE_SECONDS
 from sidecar.limits import DEFAULT_LIMITS, Limits
 from sidecar.redact import looks_secret, printable, redact_url
 
@@ -532,6 +533,13 @@ class Timing:
         ):
             if not value > 0:
                 raise ConfigError(flag, _fmt(value), _DURATION_HELP)
+        if self.lease_duration > MAX_LEASE_SECONDS:
+            # Longer, and the other sidecars could not read the records this one writes.
+            raise ConfigError(
+                "--lease-duration",
+                _fmt(self.lease_duration),
+                f"must be at most {_fmt(MAX_LEASE_SECONDS)} (24h)",
+            )
         if self.request_timeout >= self.renew_interval:
             raise ConfigError(
                 "--request-timeout",

@@ -179,6 +179,7 @@ class Elector:
         self._last_error: str | None = None
         self._last_store_answer = float("-inf")
         self._last_other_holder: str | None = None  # the last holder seen that was not us
+        self._reported_version: str | None = None  # the last bad record logged and counted
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
         self._lock = asyncio.Lock()  # one store mutation at a time
@@ -207,7 +208,8 @@ class Elector:
         else:
             observed = self._view.record
             holder = observed.holder if observed else None
-            term = observed.term if observed else self._view.high_water
+            known = observed is not None and observed.unreadable is None
+            term = observed.term if observed is not None and known else self._view.high_water
         return LeaderStatus(
             leader=leading,
             identity=self.identity,
@@ -822,6 +824,10 @@ class Elector:
             )
         if record is not None and record.holder not in (None, self.identity):
             self._last_other_holder = record.holder
+        bad = record is not None and (record.unreadable or record.ignored)
+        if bad and record is not None and record.version != self._reported_version:
+            self._reported_version = record.version  # once per stored version
+            self.metrics.bad_record("lease", record, lease=self.lease, store=self.store.description)
         self.metrics.term.set(self._term if self._role is Role.LEADER else self._view.high_water)
         self._publish()
 
@@ -896,8 +902,10 @@ class Elector:
         self._observe(record, from_watch=True)
         now = self._clock.now()
         if self._role is Role.LEADER:
-            if lost_grant(record, self._term):
-                # Renew now: the store's renew puts the grant back before anyone may take it.
+            if lost_grant(record, self._term) or (record is not None and record.unreadable):
+                # Renew now: the store's renew puts the grant back before anyone may take it;
+                # over a record it cannot read it renews only if the store still holds our
+                # holder and term (a hand edit elsewhere in the row), else we demote.
                 self._ask_for_attempt(now)
             elif record is not None and (
                 record.term > self._term or record.holder != self.identity

@@ -188,6 +188,9 @@ class LeaseSet:
             # A version read now was written up to a beat ago (every replica beats alike).
             versions_fresh_for=timing.handed_reach - interval,
             count=lease_set.primary.metrics.store_request,
+            on_bad=lambda bad: lease_set.primary.metrics.bad_record(
+                "candidate", bad, identity=bad.identity, group=group
+            ),
         )
         lease_set._share_probe(rng)
         return lease_set
@@ -310,6 +313,12 @@ class LeaseSet:
             return self.primary.timing.renew_interval
         counts = {**self._counts(), self.identity: mine}
         takers = [c.identity for c in live if counts.get(c.identity, 0) < cap]
+        # A replica seen once, not yet beating, counts in no share; it ranks only for who
+        # tries first (at a cold start, before anyone saw another beat): a record written
+        # once then costs the others a stand-back, never a lease.
+        assert self.beat is not None  # (live is empty without candidates)
+        pending = self.beat.view.pending(self._clock.now())
+        takers += [c.identity for c in pending if counts.get(c.identity, 0) < cap]
         first = max(takers, key=lambda identity: _rank(elector.lease, identity))
         if first == self.identity:
             return 0.0

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from fractions import Fraction
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar.backends.base import Candidate, LeaseRecord
+from sidecar.logs import Throttle, log
+
+records_logger = logging.getLogger("sidecar.records")
 
 PREFIX = "leader_sidecar_"
 
@@ -28,6 +34,7 @@ DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown")
 STORE_STEADY_OPS = ("acquire", "renew")  # what every replica sends all the time
 STORE_ALERT_OUTCOMES = ("ok", "timeout", "unavailable", "error")  # what the alerts divide
 ROLES = ("leader", "follower")
+RECORD_KINDS = ("lease", "candidate")
 
 
 def gap_buckets(lease_duration: float) -> list[float]:
@@ -88,6 +95,16 @@ class _Families:
             buckets=STORE_BUCKETS,
             registry=registry,
         )
+        self.bad_records = Counter(
+            PREFIX + "bad_records",
+            "Records read from the store that could not be read (or had a field that could "
+            "not), by kind; each stored version counted once",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in RECORD_KINDS:
+            self.bad_records.labels(kind)
+        self.bad_records_log = Throttle()  # one line per 10 s for the whole sidecar
         # What client-go's leader election exports, so existing dashboards and alerts work.
         self.master_status = Gauge(
             "leader_election_master_status",
@@ -146,6 +163,31 @@ class Metrics:
 
     def demotion(self, reason: str) -> None:
         self._demotions.labels(self.lease, reason).inc()
+
+    def bad_record(self, kind: str, record: LeaseRecord | Candidate, **where: object) -> None:
+        """Count a record that could not be read, or had a field that could not, and log it
+        (at most one line per 10 s per sidecar, with how many were not logged)."""
+        self._families.bad_records.labels(kind).inc()
+        throttle = self._families.bad_records_log
+        if not throttle.allow():
+            return
+        if record.unreadable is None:
+            message = f"a {kind} record in the store has a field that cannot be read; ignored"
+        elif kind == "lease":
+            message = (
+                "a lease record in the store cannot be read: its holder is unknown, so it is "
+                "waited out for a lease like a lost one, then taken over conditionally"
+            )
+        else:
+            message = "a candidate record in the store cannot be read; it is left out"
+        log(
+            records_logger,
+            "warning",
+            message,
+            **where,
+            problem=record.unreadable or record.ignored,
+            suppressed=throttle.take_suppressed(),
+        )
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         self._store_requests.labels(self.lease, op, outcome).inc()

@@ -23,6 +23,13 @@ This is the one place where expiry is decided, the same way for every store:
   one full lease from *this* loss: a new loss (the store changed again, or the watch
   reconnected to a store that still shows the loss) starts a new wait, and the loss episode
   ends as soon as the store shows a grant or a release as new as any seen.
+* **A record that cannot be read is a loss** (`sidecar.backends.records`: a hand edit, a
+  restored backup, a writer that is not a sidecar of this version). Its holder is unknown, so
+  it is never free and never taken over blindly: it is waited out one full lease from when it
+  was first seen (a new version of it starts the wait again), then taken only through a
+  conditional write on its version, with a term ``LOSS_TERM_GAP`` above every term seen —
+  its own term is unknown (one past what the store can hold is not a term at all) and is
+  never remembered as the highest seen.
 * **Unique terms across losses (rule 5).** A grant after a loss asks for a term
   ``LOSS_TERM_GAP`` times the losses in a row above every term seen, so it cannot reuse the
   term of a grant the store forgot before this replica saw it (fewer than ``LOSS_TERM_GAP``
@@ -100,7 +107,8 @@ class LeaseView:
         blind, self.blind = self.blind, False
         key = record.version if record is not None else ABSENT
         changed = key != self._key or (from_watch and record is None)
-        behind = (record is not None and record.forgotten) or (
+        unknown = record is not None and (record.forgotten or record.unreadable is not None)
+        behind = unknown or (
             self.seen_anything
             and (
                 (record is None and self.high_water > 0)

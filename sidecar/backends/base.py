@@ -101,6 +101,16 @@ class LeaseRecord:
     renewed_at: datetime | None = None
     """Wall-clock time of the last renewal, for humans only."""
 
+    unreadable: str | None = None
+    """Why the stored record could not be read (`sidecar.backends.records`), or None. Such a
+    record is one of *unknown holder*: ``holder`` None, not released, ``term`` 0 — never free,
+    never forgotten, never a grant to put back; waited out as a loss and taken over only by a
+    conditional write on its ``version``."""
+
+    ignored: str | None = None
+    """A field for humans that could not be read and reads as None (a timestamp), or None.
+    The record stays readable; the reader reports it like an unreadable one."""
+
     @property
     def free(self) -> bool:
         """True when anyone may take the lease now: it was released."""
@@ -110,13 +120,16 @@ class LeaseRecord:
     def forgotten(self) -> bool:
         """No holder and not released: the store lost the holder (a loss marker, or a Redis
         term counter without its holder key). A loss to everyone who sees it."""
-        return self.holder is None and not self.released
+        return self.holder is None and not self.released and self.unreadable is None
 
 
 def lost_grant(record: LeaseRecord | None, term: int) -> bool:
     """What a store shows when it lost a grant of ``term``: no record, an older term, or that
     term with no holder that nobody released (a loss marker, a Redis key gone early). Nobody
-    took the lease from its holder, who puts the grant back."""
+    took the lease from its holder, who puts the grant back. Never a record that cannot be
+    read: whose it is, is not known."""
+    if record is not None and record.unreadable is not None:
+        return False
     if record is None or record.term < term:
         return True
     return record.term == term and record.forgotten
@@ -148,6 +161,12 @@ class _WithRecord(StoreError):
     def __init__(self, message: str, record: LeaseRecord | None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class TermExhausted(StoreUnavailable):
+    """The next term would pass what the store can hold (`sidecar.backends.records.MAX_TERM`;
+    an int32 on Kubernetes): nothing was written. Terms never go back (rule 5), so the lease
+    cannot be granted again until an operator intervenes; the message says how."""
 
 
 class LeaseHeld(_WithRecord):
@@ -264,6 +283,11 @@ class Candidate:
     """Wall-clock start of the replica: among equals, the newest is preferred (rollouts)."""
     beat_at: datetime | None = None
     """Wall-clock time of the last write, for humans (``status``) and garbage collection."""
+    unreadable: str | None = None
+    """Why the stored record could not be read (`sidecar.backends.records`), or None. Such a
+    record is marked ``leaving`` too, and left out by every reader."""
+    ignored: str | None = None
+    """A timestamp that could not be read and reads as None; the record stays readable."""
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
+from sidecar.backends import records
 from sidecar.backends.base import (
     Candidate,
     LeaseHeld,
@@ -18,6 +19,7 @@ from sidecar.backends.base import (
     lost_grant,
     room_for_marker,
 )
+from sidecar.backends.records import MAX_TERM, check_term
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -61,10 +63,12 @@ class MemoryLeaseState:
         self.notify()
 
     def record(self) -> LeaseRecord | None:
+        """The row as a checked record (a test may put anything in it, as a hand edit
+        would in a real store)."""
         row = self.row
         if row is None:
             return None
-        return LeaseRecord(
+        return records.lease_record(
             holder=row.holder,
             term=row.term,
             duration=row.duration,
@@ -72,9 +76,14 @@ class MemoryLeaseState:
             released=row.released,
             successor=row.successor,
             handed=row.handed,
-            acquired_at=row.acquired_at,  # type: ignore[arg-type]
-            renewed_at=row.renewed_at,  # type: ignore[arg-type]
+            acquired_at=row.acquired_at,
+            renewed_at=row.renewed_at,
         )
+
+    def stored_term(self) -> int:
+        """The row's term if a grant could have written it, else 0: what a grant counts from."""
+        term = self.row.term if self.row is not None else 0
+        return term if type(term) is int and 0 <= term <= records.MAX_TERM else 0
 
 
 class MemoryLeaseStore:
@@ -100,10 +109,10 @@ class MemoryLeaseStore:
         if (row.version if row is not None else None) != expected:
             raise LeaseHeld(f"the lease is not at version {expected}", state.record())
         wall = state.clock.wall()
-        stored_term = row.term if row is not None else 0
+        term = check_term(max(state.stored_term(), min_term) + 1, MAX_TERM, self.description)
         state.row = _Row(
             holder=identity,
-            term=max(stored_term, min_term) + 1,
+            term=term,
             duration=duration,
             version=state.next_version(),
             released=False,
@@ -155,7 +164,7 @@ class MemoryLeaseStore:
         wall = state.clock.wall()
         state.row = _Row(
             holder=successor,
-            term=max(row.term, min_term) + 1,
+            term=check_term(max(row.term, min_term) + 1, MAX_TERM, self.description),
             duration=duration,
             version=state.next_version(),
             released=False,
@@ -242,7 +251,19 @@ class MemoryCandidates:
             self._announce()
 
     async def list(self) -> list[Candidate]:
-        return list(self.server.groups.get(self.group, {}).values())
+        """Checked, as a store's decoding checks them (a test may plant anything)."""
+        return [
+            records.candidate(
+                identity=c.identity,
+                version=c.version,
+                revision=c.revision,
+                priority=c.priority,
+                leaving=c.leaving,
+                started_at=c.started_at,
+                beat_at=c.beat_at,
+            )
+            for c in self.server.groups.get(self.group, {}).values()
+        ]
 
     async def leave(self, identity: str) -> None:
         if self.server.groups.get(self.group, {}).pop(identity, None) is not None:

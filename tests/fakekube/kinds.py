@@ -226,6 +226,12 @@ class LeaseKind(Kind):
             elif key in ("leaseDurationSeconds", "leaseTransitions"):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise self._type_error("LeaseSpec", f"spec.{key}", value, "int32")
+                if not -(2**31) <= value < 2**31:  # Go's decoder: "number N" past an int32
+                    raise wire.cannot_handle(
+                        self.kind,
+                        f"json: cannot unmarshal number {value} into Go struct field "
+                        f"LeaseSpec.spec.{key} of type int32",
+                    )
                 spec[key] = value
             else:
                 if not isinstance(value, str):

@@ -470,3 +470,67 @@ async def test_a_lower_resource_version_is_reported_as_it_came(make_store: Store
     view = LeaseView("c_1", 1.0)
     view.observe(store._observe(before), at=0.0)
     assert view.observe(store._observe(after), at=0.1)  # a loss
+
+
+# -- issue 25: what a hand or another program wrote ---------------------------------------------
+
+
+async def test_the_api_server_refuses_a_term_past_int32(fake: FakeApiServer) -> None:
+    """As the real one does (``cannot unmarshal number … of type int32``): a Lease cannot
+    hold a term past 2^31 - 1, whoever writes it."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE},
+        "spec": {"holderIdentity": "x_1", "leaseTransitions": 2**31},
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{fake.url}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases", json=body
+        ) as response,
+    ):
+        assert response.status == 400
+        assert "of type int32" in await response.text()
+
+
+async def test_a_lease_written_with_control_characters_is_unknown_and_taken_over_its_version(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """A holder the sidecar could never have written (an escape sequence, a forged line):
+    a record of unknown holder, taken only over its resourceVersion, above its term."""
+    await put_foreign_lease(
+        fake,
+        {"holderIdentity": "x\x1b[2J\r\nforged", "leaseDurationSeconds": 5, "leaseTransitions": 5},
+    )
+    store = make_store()
+    found = await store.read()
+    assert found is not None
+    assert found.unreadable is not None
+    assert "control characters" in found.unreadable
+    assert (found.holder, found.term) == (None, 0)
+    with pytest.raises(Conflict):  # a create over a Lease that is there
+        await store.try_acquire("a_1", 2, 0, expected=None)
+    taken = await store.try_acquire("a_1", 2, 0, expected=found.version)
+    assert (taken.holder, taken.term, taken.unreadable) == ("a_1", 6, None)
+
+
+async def test_no_term_past_int32_is_ever_sent(
+    fake: FakeApiServer, make_store: StoreFactory
+) -> None:
+    """A released Lease at 2^31 - 1 (or a floor above it): the next grant cannot be written.
+    The store refuses before any request and says what to do."""
+    from sidecar.backends.base import TermExhausted
+
+    await put_foreign_lease(fake, {"holderIdentity": "", "leaseTransitions": 2**31 - 1})
+    store = make_store()
+    found = await store.read()
+    assert found is not None
+    assert (found.free, found.term) == (True, 2**31 - 1)
+    before = len(calls(fake))
+    with pytest.raises(TermExhausted, match="refusing to grant term 2147483648"):
+        await store.try_acquire("a_1", 2, found.term, expected=found.version)
+    with pytest.raises(TermExhausted):
+        await store.try_acquire("a_1", 2, 2**31 - 1, expected=None)
+    assert len(calls(fake)) == before  # nothing was sent
+    assert lease_spec(fake) == {"holderIdentity": "", "leaseTransitions": 2**31 - 1}

@@ -234,3 +234,29 @@ async def test_a_beat_following_the_candidates_lease_reads_nothing_the_watch_bro
     assert not beat.current()
     assert await beat.once()
     assert reads() == before + 1  # not following: the beat reads the group again
+
+
+async def test_candidate_annotations_nobody_can_read_are_left_out_and_the_beat_goes_on(
+    make_client: ClientFactory, fake: FakeApiServer
+) -> None:
+    """Issue 25: an annotation that is not JSON, one with ``priority: "abc"``, and one whose
+    identity is not the one its key was made from (a copy under another replica's key):
+    each reads as a record that cannot be read; the real ones are as they were."""
+    registry = make_client().candidates(LEASE)
+    await registry.beat(Candidate("a_1", "11"), 2.0)
+    stored = fake.cluster.get(LEASES, NAMESPACE, f"{LEASE}-candidates")
+    assert stored is not None
+    annotations = stored["metadata"]["annotations"]
+    mine = json.loads(annotations[annotation_key("a_1")])
+    annotations[annotation_key("x_1")] = "{not json"
+    annotations[annotation_key("y_1")] = json.dumps({**mine, "identity": "y_1", "priority": "abc"})
+    annotations[annotation_key("z_1")] = json.dumps({**mine, "identity": "a_1", "version": "9"})
+    fake.cluster.store(LEASES, NAMESPACE, f"{LEASE}-candidates", stored)
+    found = await registry.list()
+    assert sorted(c.identity for c in found if c.unreadable is None) == ["a_1"]
+    problems = sorted(c.unreadable or "" for c in found if c.unreadable is not None)
+    assert len(problems) == 3
+    assert any("priority" in p for p in problems)
+    assert any("another identity's key" in p for p in problems)
+    await registry.beat(Candidate("a_1", "12"), 2.0)  # the beat goes on
+    assert [c.version for c in await registry.list() if c.identity == "a_1"] == ["12"]

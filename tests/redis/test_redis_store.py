@@ -203,24 +203,32 @@ async def test_grants_and_releases_are_published_on_the_lease_channel(
     assert len({m["version"] for m in messages}) == 3
 
 
-async def test_a_foreign_value_in_the_key_is_unavailability_naming_the_key(
+async def test_a_foreign_value_in_the_key_is_a_record_of_unknown_holder_taken_only_over_it(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
-    """Something else writing our key must not crash the elector or look like a free lease."""
+    """Something else writing our key must not crash the elector or look like a free lease
+    (issue 25): it reads as a record that cannot be read, and a grant goes only over exactly
+    that value, named by a digest of it."""
     with server.client() as client:
         client.set(HOLDER, "not json")
     store = make_store(server.url)
-    with pytest.raises(StoreUnavailable, match="leader-sidecar"):
-        await store.read()
-    with pytest.raises(StoreUnavailable, match="something else writes to this key"):
+    found = await store.read()
+    assert found is not None
+    assert found.unreadable is not None
+    assert "not a JSON object" in found.unreadable
+    assert (found.holder, found.term, found.free, found.forgotten) == (None, 0, False, False)
+    with pytest.raises(LeaseHeld) as held:
         await store.try_acquire("a_1", 5.0, 0, expected=None)
+    assert held.value.record == found
+    granted = await store.try_acquire("a_1", 5.0, 41, expected=found.version)
+    assert (granted.holder, granted.term, granted.unreadable) == ("a_1", 42, None)
 
 
 async def test_a_foreign_value_fails_only_its_own_lease_in_a_batch(
     server: RedisServer, make_store: StoreFactory
 ) -> None:
     """A partial failure is per lease: the lease whose key holds something else answers
-    unavailability naming the key, and the others in the same script renew."""
+    NotOwned with a record that cannot be read, and the others in the same script renew."""
     store = make_store(server.url)
     others = [make_store(server.url, lease=name) for name in ("u", "v")]
     grants = [await o.try_acquire("a_1", 5.0, 0, expected=None) for o in others]
@@ -233,9 +241,9 @@ async def test_a_foreign_value_fails_only_its_own_lease_in_a_batch(
             Renewal("v", "a_1", grants[1].term, 5.0),
         ]
     )
-    assert isinstance(outcomes[1], StoreUnavailable)
-    assert "something else writes to this key" in str(outcomes[1])
-    assert HOLDER in str(outcomes[1])
+    assert isinstance(outcomes[1], NotOwned)
+    assert outcomes[1].record is not None
+    assert outcomes[1].record.unreadable is not None
     for outcome, grant in zip((outcomes[0], outcomes[2]), grants, strict=True):
         assert isinstance(outcome, LeaseRecord)
         assert (outcome.holder, outcome.term) == ("a_1", grant.term)
@@ -592,3 +600,119 @@ async def test_a_pubsub_hub_that_fails_comes_back_under_its_supervisor(
         assert record is not None
         assert (record.holder, record.term) == ("a_1", granted.term)
     assert client.supervisor.down() == {}
+
+
+# -- issue 25: what a hand or another client wrote into our keys --------------------------------
+
+POISONED_VALUES = {
+    "not-utf8": b"\xff\xfe{",
+    "term-text": json.dumps({"holder": "x_1", "term": "abc", "duration_ms": 5000, "version": "v"}),
+    "term-2^63": '{"holder": "x_1", "term": 9223372036854775807, "duration_ms": 5000, '
+    '"version": "v"}',
+    "holder-escape": json.dumps(
+        {"holder": "x\u001b[2J", "term": 3, "duration_ms": 5000, "version": "v"}
+    ),
+    "version-table": json.dumps({"holder": 7, "term": 3, "duration_ms": 5000, "version": {}}),
+    "json-array": "[1, 2, 3]",
+}
+
+
+@pytest.mark.parametrize("poison", POISONED_VALUES, ids=list(POISONED_VALUES))
+async def test_a_poisoned_value_is_unknown_and_taken_over_only_over_exactly_it(
+    server: RedisServer, make_store: StoreFactory, poison: str
+) -> None:
+    """Whatever our key holds — bytes that are not UTF-8, a term of the wrong type or past
+    what the scripts hold, no version — it reads as a record of unknown holder (never an
+    error, never free), the watch reports it and goes on, and a grant goes only over that
+    value, with a term the store holds (Python and the scripts name it alike)."""
+    store = make_store(server.url)
+    async with watching(store) as seen:
+        assert await asyncio.wait_for(seen.get(), 2) is None
+        with server.client() as client:
+            client.set(HOLDER, POISONED_VALUES[poison])
+            client.publish(lease_keys("t")[2], POISONED_VALUES[poison])  # a writer says so
+        published = await asyncio.wait_for(seen.get(), 2)
+        assert published is not None
+        found = await store.read()
+        assert found is not None
+        assert found.unreadable is not None
+        assert (found.holder, found.term, found.free, found.forgotten) == (None, 0, False, False)
+        assert stored_version(published.version) == stored_version(found.version)
+        with pytest.raises(LeaseHeld):
+            await store.try_acquire("a_1", 5.0, 0, expected=None)
+        taken = await store.try_acquire("a_1", 5.0, 1000, expected=found.version)
+        assert (taken.holder, taken.term, taken.unreadable) == ("a_1", 1001, None)
+        record = await next_matching(seen, lambda r: r is not None and r.holder == "a_1", 2)
+        assert record is not None
+        with server.client() as client:
+            client.set(HOLDER, POISONED_VALUES[poison])
+        with pytest.raises(NotOwned):  # nobody can renew or put back what it cannot read
+            await store.renew("a_1", taken.term, 5.0)
+
+
+async def test_a_value_without_a_version_of_ours_is_named_by_its_digest(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Versions are tokens this code writes; where there is none (or not text), the scripts
+    and the decoding name the value by the same digest, so a grant stays conditional."""
+    with server.client() as client:
+        client.set(HOLDER, json.dumps({"holder": "x_1", "term": 3, "duration_ms": 5000}))
+    store = make_store(server.url)
+    found = await store.read()
+    assert found is not None
+    assert (found.holder, found.term, found.unreadable) == ("x_1", 3, None)
+    assert stored_version(found.version).startswith("raw.")
+    taken = await store.try_acquire("a_1", 5.0, 3, expected=found.version)
+    assert (taken.holder, taken.term) == ("a_1", 4)
+
+
+async def test_a_term_counter_nobody_can_read_is_unknown_not_an_error(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    with server.client() as client:
+        client.set(lease_keys("t")[1], "abc")
+    store = make_store(server.url)
+    found = await store.read()
+    assert found is not None
+    assert found.unreadable is not None
+    taken = await store.try_acquire("a_1", 5.0, 7, expected=found.version)
+    assert taken.term == 8
+
+
+async def test_no_grant_passes_the_highest_term_the_scripts_hold(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    from sidecar.backends.base import TermExhausted
+    from sidecar.backends.records import MAX_TERM
+
+    with server.client() as client:
+        client.set(lease_keys("t")[1], str(MAX_TERM))
+    store = make_store(server.url)
+    found = await store.read()
+    assert found is not None
+    assert (found.term, found.unreadable) == (MAX_TERM, None)
+    with pytest.raises(TermExhausted, match="refusing to grant"):
+        await store.try_acquire("a_1", 5.0, 0, expected=found.version)
+    with server.client() as client:
+        assert client.get(lease_keys("t")[1]) == str(MAX_TERM)
+        assert client.get(HOLDER) is None
+
+
+async def test_candidate_values_nobody_can_read_are_left_out_not_the_whole_group(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """Issue 25: one bad value in the group's hash once failed every read of it."""
+    from sidecar.backends.base import Candidate
+    from sidecar.backends.redis import candidates_key
+
+    group = make_store(server.url).client.candidates("jobs")
+    await group.beat(Candidate("a_1", "11"), 5.0)
+    with server.client() as client:
+        key = candidates_key("jobs")
+        client.hset(key, "x_1", "{not json")
+        client.hset(key, "y_1", json.dumps({"version": "3", "priority": "abc"}))
+        client.hset(key, b"z\xff", json.dumps({"version": "3"}))
+    found = await group.list()
+    assert sorted(c.identity for c in found if c.unreadable is None) == ["a_1"]
+    assert len([c for c in found if c.unreadable is not None]) == 3
+    await group.beat(Candidate("a_1", "12"), 5.0)  # the beat (and its collection) go on

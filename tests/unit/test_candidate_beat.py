@@ -181,3 +181,48 @@ async def test_versions_from_a_read_grow_too_old_to_hand_a_lease_over_by() -> No
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
+
+
+def test_a_candidate_counts_only_once_its_beats_are_seen_to_advance() -> None:
+    """Issue 25: a record seen with one version only (written once, by anything) is never a
+    successor nor counted; the next version seen makes it live, for as long as it changes."""
+    view = CandidateView(A, 30.0)
+    ghost = Candidate("ghost_1", "v1", priority=999_999_999)
+    view.observe([A, ghost], at=0.0)
+    assert [c.identity for c in view.live(1.0)] == ["a_1"]
+    assert [c.identity for c in view.pending(1.0)] == ["ghost_1"]
+    view.observe([A, ghost], at=20.0)  # the same version again: still one version seen
+    assert [c.identity for c in view.live(20.0)] == ["a_1"]
+    assert view.pending(31.0) == []  # and after alive_for it is not even pending
+    real = Candidate("b_1", "7")
+    view.observe([A, real], at=40.0)
+    assert [c.identity for c in view.live(40.0)] == ["a_1"]
+    view.observe([A, Candidate("b_1", "8")], at=45.0)  # b beat: seen to advance
+    assert [c.identity for c in view.live(46.0)] == ["a_1", "b_1"]
+    assert [c.identity for c in view.live(76.0)] == ["a_1"]  # it stopped beating
+
+
+async def test_a_candidate_record_that_cannot_be_read_is_left_out_and_reported_once() -> None:
+    registry = Scripted()
+    reported: list[Candidate] = []
+    beat = CandidateBeat(
+        registry,  # type: ignore[arg-type]
+        CandidateView(A, 30.0),
+        10.0,
+        5.0,
+        1.0,
+        on_bad=reported.append,
+    )
+    bad = Candidate("\\xff", "v", leaving=True, unreadable="identity: not text (b'\\xff')")
+    odd = Candidate("b_1", "1", ignored="started_at: not an ISO-8601 timestamp ('x')")
+    for version in ("1", "1", "2"):
+        read = asyncio.create_task(beat.refresh(1.0))
+        await registry.answers.put([A, bad, Candidate("b_1", version, ignored=odd.ignored)])
+        assert await read
+    assert identities(beat) == {"a_1", "b_1"}
+    # Each bad record once per version: the unreadable one once, b's version 1 and 2.
+    assert [(r.identity, r.version) for r in reported] == [
+        ("\\xff", "v"),
+        ("b_1", "1"),
+        ("b_1", "2"),
+    ]

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
-from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
+from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore, _Row
+from sidecar.backends.records import MAX_TERM
 from sidecar.config import Timing, load
 from sidecar.elector import Elector, Role, Transition
 from sidecar.metrics import Metrics
@@ -1079,3 +1080,106 @@ async def test_stop_ends_the_loop_without_a_cancel(world: World) -> None:
     await asyncio.wait_for(running, timeout=2.0)  # returns by itself: no cancel() sent
     assert running.done()
     assert not running.cancelled()
+
+
+# -- issue 25: records that cannot be read, and the term's bound -------------------------------
+
+
+def hand_edit(world: World, **fields: object) -> None:
+    """What a hand edit of the store does: fields changed, the version left as it was."""
+    row = world.state.row
+    assert row is not None
+    for name, value in fields.items():
+        setattr(row, name, value)
+    world.state.notify()
+
+
+def bad_records(elector: Elector) -> float | None:
+    return elector.metrics.registry.get_sample_value(
+        "leader_sidecar_bad_records_total", {"kind": "lease"}
+    )
+
+
+async def test_a_lease_record_that_cannot_be_read_is_waited_out_then_taken_over_with_a_jump(
+    world: World,
+) -> None:
+    """A term of 2^63 - 1 (issue 25: every grant after it overflowed, and every sidecar kept
+    it as the highest term seen): the record is one of unknown holder. Its holder cannot prove
+    the grant and demotes; the others wait a lease from when they saw it, then take it over
+    its version with a term above every term seen, which the store can hold."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    hand_edit(world, term=2**63 - 1)
+    seen = world.clock.now()
+    record = world.state.record()
+    assert record is not None
+    assert record.unreadable is not None
+    b.on_watch(record)
+    a.on_watch(record)  # the leader renews at once: the store no longer shows its term
+    assert a.status().leader
+    await a.step()
+    assert not a.status().leader
+    assert demotions(a, "lost") == 1
+    assert b.status().term == 1  # not the term it cannot read
+    while world.clock.now() + 0.5 < seen + TIMING.lease_duration:
+        world.clock.advance(0.5)
+        await b.step()
+        assert not b.status().leader
+    world.clock.advance(1.0)
+    await b.step()
+    assert b.status().leader
+    assert b.status().term == 1 + LOSS_TERM_GAP + 1
+    assert bad_records(a) == bad_records(b) == 1  # each counted it once, however often seen
+
+
+async def test_a_leader_keeps_its_lease_through_a_timestamp_nobody_can_read(world: World) -> None:
+    """A timestamp is for humans: one that cannot be parsed is reported, not a fail-over."""
+    a, b = world.elector("a"), world.elector("b")
+    await a.step()
+    await b.step()
+    hand_edit(world, renewed_at="garbage")
+    record = world.state.record()
+    assert record is not None
+    assert (record.unreadable, record.holder) == (None, "a_0000")
+    b.on_watch(record)
+    a.on_watch(record)
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()
+    assert a.status().leader
+    assert b.view.loss_since is None
+    assert bad_records(b) == 1
+
+
+async def test_a_leader_renews_through_a_record_it_cannot_read_while_the_store_holds_its_grant(
+    world: World,
+) -> None:
+    """The watch shows a record it cannot read, but the store still holds the leader's holder
+    and term (here, a successor on a held record was garbled): the renewal at once settles it,
+    conditionally, and the leader never stops."""
+    a = world.elector("a")
+    await a.step()
+    hand_edit(world, handed=b"\xff")
+    record = world.state.record()
+    assert record is not None
+    assert record.unreadable is not None
+    a.on_watch(record)
+    await a.step()
+    assert a.status().leader
+    assert store_of(a).calls["renew"] == 1
+    assert demotions(a, "lost") is None or demotions(a, "lost") == 0
+
+
+async def test_no_grant_passes_the_highest_term_the_store_holds(world: World) -> None:
+    """At the store's bound the grant is refused, with a reason that says what to do; the
+    elector keeps trying (never a crash) and never leads on a term it could not write."""
+    b = world.elector("b")
+    world.state.row = _Row(None, MAX_TERM, 10.0, world.state.next_version(), True, None, None)
+    await b.step()
+    assert not b.status().leader
+    assert b.last_error is not None
+    assert "refusing to grant term" in b.last_error
+    assert sample(b, "leader_sidecar_store_requests_total", op="acquire", outcome="unavailable")
+    world.clock.advance(TIMING.retry_period * 2)
+    await b.step()  # still refused, still running
+    assert not b.status().leader

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.backends.base import Candidate
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.config import Timing
-from sidecar.lease_set import LeaseSet, TransferRefused
+from sidecar.lease_set import LeaseSet, TransferRefused, _rank
 from sidecar.metrics import Metrics
 
 TIMING = Timing.build(1.0, 0.2, 0.2, 0.1)
@@ -33,6 +34,10 @@ def count_reads(lease_set: LeaseSet) -> Callable[[], int]:
 
     lease_set.beat.registry.list = counted  # type: ignore[method-assign]
     return lambda: reads
+
+
+def live_candidates(lease_set: LeaseSet) -> list[str]:
+    return [c["identity"] for c in lease_set.candidates() if c["live"]]  # type: ignore[misc]
 
 
 def how_it_led(caplog: pytest.LogCaptureFixture, identity: str) -> list[str]:
@@ -205,7 +210,9 @@ def lost_races(lease_set: LeaseSet) -> float:
 
 async def test_replicas_starting_together_split_free_leases_without_racing(cluster_of) -> None:
     """Each free lease is tried first by one replica (rendezvous hashing): no lost races (each
-    is a write that queues renewals behind it), and an even split with no hand-over."""
+    is a write that queues renewals behind it). A replica seen with one beat counts in no
+    share (issue 25), so each takes the leases it ranks first for; once each has seen the
+    other beat, the balancer moves exactly the surplus of that split, and it is even."""
     cluster = cluster_of(16)
 
     def replica(name: str) -> LeaseSet:
@@ -237,7 +244,11 @@ async def test_replicas_starting_together_split_free_leases_without_racing(clust
             for s in sets
             for n in s.electors
         ]
-        assert sum(h or 0.0 for h in handed) == 0.0
+        ranks_first = Counter(
+            max(("a_0000", "b_0000"), key=lambda identity, n=n: _rank(n, identity))
+            for n in cluster.names
+        )
+        assert sum(h or 0.0 for h in handed) == abs(ranks_first["a_0000"] - 8)
     finally:
         for lease_set in sets:
             lease_set.stop()
@@ -304,11 +315,17 @@ async def test_transfer_hands_the_lease_to_the_named_replica(cluster_of) -> None
     await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
     await cluster.start("b")
     c = await cluster.start("c")
-    await cluster.until(lambda: len(a.candidates()) == 3, 2, "a sees three candidates")
+    # Only a candidate seen beating is a successor: a waits for b's and c's next beats.
+    await cluster.until(lambda: len(live_candidates(a)) == 3, 2, "a sees three beating")
     term = a.primary.status().term
     for _ in range(3):  # b never wins the race: the others stand back for the successor
         leader = next(s for s in cluster.sets.values() if s.held())
         target = "c" if leader is not c else "a"
+        # A leader of one lease reads the group from its grant on: it names the target once
+        # it has seen it beat.
+        await cluster.until(
+            lambda t=target, s=leader: f"{t}_0000" in live_candidates(s), 2, f"{target} beats"
+        )
         handed, successor = await leader.transfer(None, target)  # a pod name works too
         assert handed == ["jobs-0"]
         assert successor == f"{target}_0000"
@@ -324,17 +341,23 @@ async def test_transfer_hands_the_lease_to_the_named_replica(cluster_of) -> None
 async def test_shutdown_hands_the_lease_to_the_other_revision(
     cluster_of, caplog: pytest.LogCaptureFixture, follows: bool
 ) -> None:
-    """A rolling update: the old leader's successor is a replica of the new revision, which
-    joined after the leader's last periodic read of the candidates. A store that follows the
-    group told the leader of the join, and the hand-over reads nothing first (one round trip
-    less); a store that cannot (SQLite) is read once at shutdown."""
+    """A rolling update: the old leader's successor is a replica of the new revision, seen
+    beating, whose latest beat came after the leader's last periodic read of the candidates.
+    A store that follows the group told the leader of the change (here: another replica
+    joining), and the hand-over reads nothing first (one round trip less); a store that
+    cannot (SQLite) is read once at shutdown."""
     cluster = cluster_of(1)
     old_a = await cluster.start("old-a", revision="v1", follows=follows)
     await cluster.until(lambda: cluster.held() == {"old-a": 1}, 3, "old-a leads")
     assert old_a.beat is not None
+    new_a = await cluster.start("new-a", revision="v2")
+    # Only a candidate seen beating is handed a lease: old-a reads the group (every half
+    # lease) until it has seen new-a's record change, then reads no more on its own.
+    await cluster.until(lambda: "new-a_0000" in live_candidates(old_a), 3, "new-a beats")
     old_a.beat.interval = 3600.0
-    await asyncio.sleep(TIMING.lease_duration)  # its last periodic read is behind it
-    await cluster.start("new-a", revision="v2")
+    await asyncio.sleep(0.05)
+    assert new_a.beat is not None
+    await new_a.beat.once()  # a beat after old-a's last periodic read
     await asyncio.sleep(0.01)
     # An old replica that (re)started after the new one: the newest start is not the answer.
     await cluster.start("old-b", revision="v1")

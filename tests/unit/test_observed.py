@@ -4,6 +4,7 @@ bookkeeping, every observation stamped with the time its answer arrived."""
 from __future__ import annotations
 
 from sidecar.backends.base import LeaseRecord
+from sidecar.backends.records import unreadable_lease
 from sidecar.observed import LOSS_TERM_GAP, LeaseView
 
 LEASE = 10.0
@@ -138,3 +139,24 @@ def test_a_holder_putting_its_grant_back_over_its_marker_is_no_new_loss() -> Non
     assert view.observe(marker, at=1.0)
     assert not view.observe(held("v2", term=5, holder="y_1"), at=2.0)
     assert view.loss_since is None
+
+
+def test_a_record_that_cannot_be_read_is_waited_out_then_taken_over_its_version() -> None:
+    """Issue 25: a record of unknown holder (a hand edit, a restore, a foreign writer) is a
+    loss: waited out a lease from when it was first seen, then taken only over that version,
+    with a term above every term seen; its own term is never remembered."""
+    view = LeaseView(ME, LEASE)
+    view.observe(held("v1", term=7), at=0.0)
+    assert view.observe(unreadable_lease("v2", "term: 9223372036854775807 is outside"), at=1.0)
+    attempt = view.next_attempt(1.0)
+    assert (attempt.at, attempt.expected, attempt.why) == (11.0, "v2", "lost")
+    assert attempt.min_term == 7 + LOSS_TERM_GAP
+    assert view.high_water == 7
+
+
+def test_a_replica_that_saw_nothing_still_waits_out_a_record_it_cannot_read() -> None:
+    view = LeaseView(ME, LEASE)
+    view.observe(unreadable_lease("v1", "holder: not text (b'\\xff')"), at=5.0)
+    attempt = view.next_attempt(5.0)
+    assert (attempt.at, attempt.expected, attempt.why) == (15.0, "v1", "lost")
+    assert attempt.min_term == LOSS_TERM_GAP

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
+from sidecar.backends import records
 from sidecar.backends.base import Candidate
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.watch import (
@@ -59,13 +60,6 @@ def annotation_key(identity: str) -> str:
     return KEY_PREFIX + hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-def _time(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text) if isinstance(text, str) and text else None
-    except ValueError:
-        return None
-
-
 def encode(candidate: Candidate, version: str, beat_at: datetime) -> str:
     started = candidate.started_at.isoformat() if candidate.started_at else None
     return json.dumps(
@@ -82,21 +76,28 @@ def encode(candidate: Candidate, version: str, beat_at: datetime) -> str:
     )
 
 
-def decode(value: str) -> Candidate | None:
-    """The candidate in one annotation, or None if it is not one of ours (hand-edited)."""
+def decode(key: str, value: object) -> Candidate:
+    """The candidate in the annotation ``key``, checked (`sidecar.backends.records`): one
+    that is not ours (hand-edited, or under another identity's key) is left out."""
     try:
-        raw = json.loads(value)
-        return Candidate(
-            identity=str(raw["identity"]),
-            version=str(raw["version"]),
-            revision=str(raw.get("revision") or ""),
-            priority=int(raw.get("priority") or 0),
-            leaving=bool(raw.get("leaving")),
-            started_at=_time(raw.get("started_at")),
-            beat_at=_time(raw.get("beat")),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
+        raw: Any = json.loads(value) if isinstance(value, str) else None
+    except (ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):
+        return records.unreadable_candidate(key, value, "not a JSON object")
+    candidate = records.candidate(
+        identity=raw.get("identity"),
+        version=raw.get("version"),
+        revision=raw.get("revision", ""),
+        priority=raw.get("priority", 0),
+        leaving=raw.get("leaving", False),
+        started_at=raw.get("started_at"),
+        beat_at=raw.get("beat"),
+    )
+    if candidate.unreadable is None and annotation_key(candidate.identity) != key:
+        problem = f"identity {candidate.identity!r} written under another identity's key"
+        return records.unreadable_candidate(key, candidate.version, problem)
+    return candidate
 
 
 def _annotations(lease: dict[str, Any] | None) -> dict[str, Any]:
@@ -104,12 +105,8 @@ def _annotations(lease: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _records(lease: dict[str, Any] | None) -> list[Candidate]:
-    found = []
-    for key, value in _annotations(lease).items():
-        candidate = decode(value) if key.startswith(KEY_PREFIX) else None
-        if candidate is not None:
-            found.append(candidate)
-    return found
+    annotations = _annotations(lease).items()
+    return [decode(key, value) for key, value in annotations if key.startswith(KEY_PREFIX)]
 
 
 class KubernetesCandidates:
@@ -266,7 +263,7 @@ class KubernetesCandidates:
             return
         stale: dict[str, None] = {}
         for key, value in _annotations(lease).items():
-            candidate = decode(value) if key.startswith(KEY_PREFIX) else None
+            candidate = decode(key, value) if key.startswith(KEY_PREFIX) else None
             beat_at = candidate.beat_at if candidate is not None else None
             if beat_at is not None and beat_at.tzinfo is not None and beat_at < older_than:
                 stale[key] = None

@@ -104,22 +104,6 @@ class Time(MicroTime):
         return super().at(moment).replace(microsecond=0)
 
 
-def parse_time(text: Any) -> datetime | None:
-    """A metav1.Time or MicroTime as the API server writes it (``…Z``, up to nine fractional
-    digits), timezone-aware; None if absent or unreadable. For humans only, never for expiry."""
-    if not isinstance(text, str) or not text:
-        return None
-    head, dot, rest = text.partition(".")
-    if dot:  # fromisoformat takes at most six fractional digits before Python 3.12
-        digits = len(rest) - len(rest.lstrip("0123456789"))
-        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 class CallError(Exception):
     """One failed request. ``status`` is the HTTP status, or 0 when no answer came;
     ``retry_after`` the seconds a ``429``/``5xx`` asked us to wait (None: it did not say)."""

@@ -50,6 +50,7 @@ import random
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backends import records
 from sidecar.backends.base import (
     LOST_HOLDER,
     Conflict,
@@ -66,7 +67,6 @@ from sidecar.backends.kubernetes.client import (
     KubeApi,
     MicroTime,
     lease_path,
-    parse_time,
 )
 from sidecar.backends.kubernetes.watch import (
     Relist,
@@ -76,6 +76,7 @@ from sidecar.backends.kubernetes.watch import (
     stream_leases,
     unavailable,
 )
+from sidecar.backends.records import check_term
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
 
@@ -97,12 +98,25 @@ def whole_seconds(duration: float) -> int:
     return max(1, math.ceil(duration - 1e-9))
 
 
+MAX_LEASE_TRANSITIONS = 2**31 - 1
+"""``spec.leaseTransitions`` is an int32: the highest term a Lease holds. A grant past it is
+refused before it is sent (`records.check_term`), and a Lease showing more cannot be read."""
+
+
 def _metadata(lease: Lease) -> dict[str, Any]:
-    return lease.get("metadata") or {}
+    metadata = lease.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _spec_of(lease: Lease) -> dict[str, Any]:
-    return lease.get("spec") or {}
+    spec = lease.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _stored_term(lease: Lease) -> int:
+    """The Lease's term if a grant could have written it, else 0: what a grant counts from."""
+    term = _spec_of(lease).get("leaseTransitions")
+    return term if type(term) is int and 0 <= term <= MAX_LEASE_TRANSITIONS else 0
 
 
 def _version(lease: Lease) -> str:
@@ -190,22 +204,28 @@ class KubernetesLeaseStore:
         return record
 
     def _record(self, lease: Lease) -> LeaseRecord:
+        """The Lease as the contract's record, checked (`sidecar.backends.records`): a Lease
+        written by hand or by another program may hold anything the API server lets through
+        (an int32 term past ours, a negative lease, text with control characters)."""
         spec = _spec_of(lease)
         stored = spec.get("holderIdentity") or None
         holder = None if stored == LOST_HOLDER else stored  # a loss marker: not released
         annotations = _metadata(lease).get("annotations") or {}
         seconds = spec.get("leaseDurationSeconds")
-        duration = float(seconds) if seconds and seconds > 0 else self.default_duration
-        return LeaseRecord(
+        # Absent (or Go's zero value): a Lease nobody timed yet; ours always say.
+        duration = self.default_duration if seconds in (None, 0) else seconds
+        transitions = spec.get("leaseTransitions")
+        return records.lease_record(
             holder=holder,
-            term=int(spec.get("leaseTransitions") or 0),
+            term=0 if transitions is None else transitions,
             duration=duration,
             version=_version(lease),
             released=stored is None,  # an empty holderIdentity: released (or never held)
             successor=(annotations.get(SUCCESSOR_ANNOTATION) or None) if stored is None else None,
             handed=(annotations.get(HANDED_ANNOTATION) or None) if holder is not None else None,
-            acquired_at=parse_time(spec.get("acquireTime")),
-            renewed_at=parse_time(spec.get("renewTime")),
+            acquired_at=spec.get("acquireTime"),
+            renewed_at=spec.get("renewTime"),
+            max_term=MAX_LEASE_TRANSITIONS,
         )
 
     def _unavailable(self, error: CallError) -> StoreUnavailable:
@@ -246,8 +266,12 @@ class KubernetesLeaseStore:
             spec["acquireTime"] = now
         return spec
 
+    def _bounded(self, term: int) -> int:
+        return check_term(term, MAX_LEASE_TRANSITIONS, self.description)
+
     async def _create(self, identity: str, duration: float, term: int) -> LeaseRecord:
         """POST the Lease with ``term``. A 409 AlreadyExists is a `Conflict`."""
+        self._bounded(term)
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if self.labels:
             metadata["labels"] = dict(self.labels)
@@ -327,7 +351,7 @@ class KubernetesLeaseStore:
         record = self._record(lease)
         self.previous_holder = record.holder or previous
         # 3. Take it with the next term, conditional on that resourceVersion (rule 1).
-        term = max(record.term, min_term) + 1
+        term = self._bounded(max(_stored_term(lease), min_term) + 1)
         try:
             written = await self._replace(lease, identity, duration, term, acquired=True)
         except CallError as error:
@@ -513,8 +537,8 @@ class KubernetesLeaseStore:
         duration: float,
         min_term: int,
     ) -> LeaseRecord:
+        new_term = self._bounded(max(term, min_term) + 1)
         lease = await self._owned(identity, term)
-        new_term = max(term, min_term) + 1
         try:
             written = await self._patch(
                 "hand over lease",

@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backends import records
 from sidecar.backends.base import Candidate
 from sidecar.backends.redis.client import ms, new_version
-from sidecar.backends.redis.scripts import candidates_channel, candidates_key, wall_time
+from sidecar.backends.redis.scripts import candidates_channel, candidates_key
 
 if TYPE_CHECKING:
     from sidecar.backends.redis.client import RedisStoreClient
@@ -64,10 +65,8 @@ class RedisCandidates:
         async def work() -> list[Candidate]:
             async with self.client.borrowed() as conn:
                 fields = await conn.hgetall(self._key)
-            # A value that is not ours raises here: unavailability naming the key.
-            return [
-                _candidate(str(identity), json.loads(value)) for identity, value in fields.items()
-            ]
+            # Each checked: a value that is not ours is left out, not the whole group.
+            return [_candidate(str(identity), str(value)) for identity, value in fields.items()]
 
         return await self.client.guarded(work, self._key)
 
@@ -96,15 +95,22 @@ class RedisCandidates:
         return self._following > 0 and self.client.hub.subscribed(self._channel)
 
 
-def _candidate(identity: str, data: dict[str, Any]) -> Candidate:
-    return Candidate(
+def _candidate(identity: str, value: str) -> Candidate:
+    try:
+        data: Any = json.loads(value)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        problem = f"not a JSON object ({records.shown(value)})"
+        return records.unreadable_candidate(identity, value, problem)
+    return records.candidate(
         identity=identity,
-        version=str(data["version"]),
-        revision=str(data.get("revision") or ""),
-        priority=int(data.get("priority") or 0),
-        leaving=bool(data.get("leaving")),
-        started_at=wall_time(data.get("started_at")),
-        beat_at=wall_time(data.get("beat_at")),
+        version=data.get("version"),
+        revision=data.get("revision", ""),
+        priority=data.get("priority", 0),
+        leaving=data.get("leaving", False),
+        started_at=data.get("started_at"),
+        beat_at=data.get("beat_at"),
     )
 
 

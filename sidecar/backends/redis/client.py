@@ -139,6 +139,9 @@ class RedisStoreClient:
             "socket_keepalive": True,
             "retry": _ONE_RECONNECT,
             "decode_responses": True,
+            # Bytes that are not UTF-8 in our keys (a foreign writer) arrive as lone
+            # surrogates for `sidecar.backends.records` to refuse, not as a failed read.
+            "encoding_errors": "surrogateescape",
             "client_name": client_name,
         }
 

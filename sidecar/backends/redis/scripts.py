@@ -3,11 +3,15 @@ records their replies and published messages decode to."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from datetime import datetime
 from typing import Any
 
+from sidecar.backends import records
 from sidecar.backends.base import LeaseRecord
+from sidecar.backends.records import MAX_TERM, check_term
+
+MAX_VERSION_BYTES = 64  # a version longer than this is named by its digest
 
 KEY_PREFIX = "leader-sidecar"
 
@@ -46,11 +50,58 @@ def candidates_channel(group: str) -> str:
 # holder puts it back.
 # `version` is a random token from the client, new on every write.
 #
-# The version of what the store holds, as the scripts compare it:
-_VERSION_OF = """
+# What anyone may have written into our keys (a hand edit, a restore, a foreign client) is
+# read without failing: `decoded` is nil for a value that is not a JSON object with a term
+# and holder as a grant writes them (`sidecar.backends.records` decides the rest: what
+# `decoded` refuses, it refuses too) — nobody renews, releases, hands over or puts back over
+# such a value — `term_of` is 0
+# for anything that is not a term a grant could have written (so a grant counts up from the
+# counter and the caller's floor instead), and `version_of` names exactly what is stored —
+# the record's own version, else a digest of the stored text — so that a record that cannot
+# be read is still taken over conditionally, on that version (`value_record` computes the
+# same in Python). A new term past MAX_TERM is never written: the script answers 2.
+_HELPERS = f"""
+local MAX_TERM = {MAX_TERM}
+local MAX_VERSION = {MAX_VERSION_BYTES}
+""" + """
+local function text_ok(value)
+  return value == nil or (type(value) == 'string' and #value <= 1024
+                          and not string.find(value, '%c'))
+end
+local function json_of(value)
+  if not value then return nil end
+  local ok, data = pcall(cjson.decode, value)
+  if ok and type(data) == 'table' then return data end
+  return nil
+end
+local function decoded(value)
+  local data = json_of(value)
+  if not data then return nil end
+  local term = tonumber(data.term)
+  if not (term and term >= 0 and term <= MAX_TERM and term == math.floor(term)) then return nil end
+  if not (text_ok(data.holder) and text_ok(data.successor) and text_ok(data.handed)) then
+    return nil
+  end
+  return data
+end
+local function term_of(value)
+  local n = tonumber(value)
+  if n and n >= 0 and n <= MAX_TERM and n == math.floor(n) then return n end
+  return 0
+end
 local function version_of(current, counter)
-  if current then return tostring(cjson.decode(current).version) end
-  if counter then return 'absent.' .. counter end
+  if current then
+    local data = json_of(current)
+    local v = data and data.version
+    if (type(v) == 'string' and #v <= MAX_VERSION) or type(v) == 'number' then
+      return tostring(v)
+    end
+    return 'raw.' .. redis.sha1hex(current)
+  end
+  if counter then
+    if #counter <= 32 then return 'absent.' .. counter end
+    return 'absent.raw.' .. redis.sha1hex(counter)
+  end
   return ''
 end
 """
@@ -63,22 +114,24 @@ end
 # Grants only when the store holds exactly the expected version; the new term is
 # max(counter, held term, min_term) + 1, and the counter is raised to it, so no later grant can
 # reuse a term. Publishes the new value.
-# Returns {1, new value, term} or {0, current value | nil, counter | nil}.
+# Returns {1, new value, term}, {2, current value | nil, counter | nil} when the term would
+# pass MAX_TERM, or {0, current value | nil, counter | nil}.
 ACQUIRE = (
-    _VERSION_OF
+    _HELPERS
     + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
 if version_of(current, counter) ~= ARGV[6] then
   return {0, current, counter}
 end
-local term = tonumber(counter or '0')
-if current then
-  local held = cjson.decode(current)
-  if held.term > term then term = held.term end
-end
+local term = term_of(counter)
+local held = decoded(current)
+if held and term_of(held.term) > term then term = term_of(held.term) end
 if tonumber(ARGV[3]) > term then term = tonumber(ARGV[3]) end
 term = term + 1
+if term > MAX_TERM then
+  return {2, current, counter}
+end
 local counted = string.format('%d', term)
 redis.call('SET', KEYS[2], counted)
 local value = cjson.encode({holder = ARGV[1], term = term, duration_ms = tonumber(ARGV[2]),
@@ -97,25 +150,32 @@ return {1, value, counted}
 # raise the counter to it. Anything else (a later grant, a release) changes nothing.
 # Publishes every write, so followers see each new version at once.
 # Returns {1, new value, counter} or {0, current value | false, counter | false}.
-_RENEW_ONE = """
+# A value that cannot be read is nobody's to renew or put back: it changes nothing.
+_RENEW_ONE = _HELPERS + """
 local function renew_one(hkey, tkey, identity, term, duration_ms, wall, channel, version, gc_ms)
   local current = redis.call('GET', hkey)
   local counter = redis.call('GET', tkey)
   local value
   if current then
-    local held = cjson.decode(current)
-    if held.holder == identity and held.term == term then
+    local held = decoded(current)
+    local held_term = held and tonumber(held.term)
+    if not held_term then
+      return {0, current, counter}
+    end
+    if held.holder == identity and held_term == term then
+      held.term = term
       held.duration_ms = duration_ms
       held.renewed_at = wall
       held.version = version
       held.handed = nil
+      held.released = nil
       value = cjson.encode(held)
-    elseif held.term >= term then
+    elseif held_term >= term then
       return {0, current, counter}
     end
   end
   if not value then
-    if tonumber(counter or '0') > term then
+    if term_of(counter) > term then
       return {0, current, counter}
     end
     counter = string.format('%d', term)
@@ -177,25 +237,26 @@ return replies
 # Only while the key holds this identity AND this term; the new term is max(counter, held
 # term, min_term) + 1, as in a grant. Publishes the new value: the successor leads on it.
 # Returns {1, new value, term} or {0, current value | nil, counter | nil}.
-HAND_OVER = """
+HAND_OVER = _HELPERS + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
-if current then
-  local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
-    local term = tonumber(counter or '0')
-    if held.term > term then term = held.term end
-    if tonumber(ARGV[5]) > term then term = tonumber(ARGV[5]) end
-    term = term + 1
-    local counted = string.format('%d', term)
-    redis.call('SET', KEYS[2], counted)
-    local value = cjson.encode({holder = ARGV[3], term = term, duration_ms = tonumber(ARGV[4]),
-                                version = ARGV[8], acquired_at = ARGV[6], renewed_at = ARGV[6],
-                                handed = ARGV[10]})
-    redis.call('SET', KEYS[1], value, 'PX', ARGV[9])
-    redis.call('PUBLISH', ARGV[7], value)
-    return {1, value, counted}
+local held = decoded(current)
+if held and held.holder == ARGV[1] and tonumber(held.term) == tonumber(ARGV[2]) then
+  local term = term_of(counter)
+  if term_of(held.term) > term then term = term_of(held.term) end
+  if tonumber(ARGV[5]) > term then term = tonumber(ARGV[5]) end
+  term = term + 1
+  if term > MAX_TERM then
+    return {2, current, counter}
   end
+  local counted = string.format('%d', term)
+  redis.call('SET', KEYS[2], counted)
+  local value = cjson.encode({holder = ARGV[3], term = term, duration_ms = tonumber(ARGV[4]),
+                              version = ARGV[8], acquired_at = ARGV[6], renewed_at = ARGV[6],
+                              handed = ARGV[10]})
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[9])
+  redis.call('PUBLISH', ARGV[7], value)
+  return {1, value, counted}
 end
 return {0, current, counter}
 """
@@ -210,16 +271,17 @@ return {0, current, counter}
 # rides on the released record only (a preference; the record is free for anyone); every
 # grant writes a fresh value without it, which clears it.
 # Returns {1, released value, counter} or {0, current value | nil, counter | nil}.
-RELEASE = """
+RELEASE = _HELPERS + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
-if current then
-  local held = cjson.decode(current)
-  if held.holder == ARGV[1] and held.term == tonumber(ARGV[2]) then
+local held = decoded(current)
+if held then
+  if held.holder == ARGV[1] and tonumber(held.term) == tonumber(ARGV[2]) then
     local successor = nil
     if ARGV[7] ~= '' then successor = ARGV[7] end
-    local value = cjson.encode({term = held.term, released = true, version = ARGV[5],
-                                duration_ms = held.duration_ms, successor = successor})
+    local value = cjson.encode({term = tonumber(ARGV[2]), released = true, version = ARGV[5],
+                                duration_ms = tonumber(held.duration_ms),
+                                successor = successor})
     redis.call('SET', KEYS[1], value, 'PX', ARGV[6])
     if ARGV[4] == '1' then
       redis.call('PUBLISH', ARGV[3], value)
@@ -235,10 +297,10 @@ return {0, current, counter}
 # Only while there is no holder key and the counter is below the term: raises the counter to
 # it, which is the marker — the "absent.<counter>" record above — and publishes it.
 # Returns {1, nil, counter} or {0, current value | nil, counter | nil}.
-MARK_LOST = """
+MARK_LOST = _HELPERS + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
-if current or tonumber(counter or '0') >= tonumber(ARGV[1]) then
+if current or term_of(counter) >= tonumber(ARGV[1]) then
   return {0, current, counter}
 end
 counter = string.format('%d', tonumber(ARGV[1]))
@@ -322,6 +384,8 @@ return removed
 
 
 # -- records ----------------------------------------------------------------------------------
+# Every value is checked (`sidecar.backends.records`); one that cannot be read is a record of
+# unknown holder, with the version `version_of` gives it in the scripts.
 
 
 def reply_record(reply: list[Any]) -> LeaseRecord | None:
@@ -332,52 +396,68 @@ def reply_record(reply: list[Any]) -> LeaseRecord | None:
     if counter is None:
         return None
     # The counter without a holder key: the store lost the holder (see above). Not free.
-    return absent_record(int(counter))
+    return absent_record(counter)
 
 
-def absent_record(term: int) -> LeaseRecord:
+def absent_record(counter: object) -> LeaseRecord:
     """A term counter without its holder key: a loss marker (`LeaseRecord.forgotten`)."""
-    return LeaseRecord(holder=None, term=term, duration=0.0, version=f"absent.{term}")
+    text = str(counter)
+    raw = _raw(text)
+    version = f"absent.{text}" if len(raw) <= 32 else "absent.raw." + _sha1(raw)
+    term: object = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else text
+    return records.lease_record(holder=None, term=term, duration=0.0, version=version)
 
 
 def granted(reply: list[Any]) -> bool:
+    if int(reply[0]) == 2:  # the next term would pass MAX_TERM
+        check_term(MAX_TERM + 1, MAX_TERM, "redis")
     return int(reply[0]) == 1
 
 
 def value_record(payload: str) -> LeaseRecord:
-    """A holder key's value, from a reply or a published message."""
-    data = json.loads(payload)
-    if data.get("lost"):  # published by MARK_LOST: the counter without a holder key
-        return absent_record(int(data["term"]))
-    released = bool(data.get("released"))
-    holder = data.get("holder")
-    successor = data.get("successor") if released else None
-    handed = None if released else data.get("handed")
-    return LeaseRecord(
-        holder=None if released or holder is None else str(holder),
-        term=int(data["term"]),
-        duration=float(data.get("duration_ms") or 0) / 1000,
-        version=_lua_tostring(data.get("version")),
+    """A holder key's value, from a reply or a published message, checked."""
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError):
+        data = None
+    version = _version_of(payload, data)
+    if not isinstance(data, dict):
+        return records.unreadable_lease(version, f"not a JSON object ({records.shown(payload)})")
+    if data.get("lost") is True:  # published by MARK_LOST: the counter without a holder key
+        return absent_record(data.get("term"))
+    released = data.get("released", False)
+    duration = data.get("duration_ms", 0)
+    if type(duration) in (int, float):
+        duration = duration / 1000
+    return records.lease_record(
+        holder=None if released is True else data.get("holder"),
+        term=data.get("term"),
+        duration=duration,
+        version=version,
         released=released,
-        successor=None if successor is None else str(successor),
-        handed=None if handed is None else str(handed),
-        acquired_at=wall_time(data.get("acquired_at")),
-        renewed_at=wall_time(data.get("renewed_at")),
+        successor=data.get("successor") if released is True else None,
+        handed=None if released is True else data.get("handed"),
+        acquired_at=data.get("acquired_at"),
+        renewed_at=data.get("renewed_at"),
+        max_term=MAX_TERM,
     )
 
 
-def _lua_tostring(version: object) -> str:
-    """The version as the scripts' ``tostring`` writes it, so both sides compare equal."""
-    if isinstance(version, float) and version.is_integer():
-        return str(int(version))
-    return str(version)
+def _version_of(payload: str, data: object) -> str:
+    """The version as the scripts' ``version_of`` gives it, so both sides compare equal:
+    the record's own (a number as Lua's ``tostring`` writes it), else a digest of the value."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, str) and len(_raw(version)) <= MAX_VERSION_BYTES:
+        return version
+    if isinstance(version, int | float) and not isinstance(version, bool):
+        return "%.14g" % version  # noqa: UP031 (Lua's number format, exactly)
+    return "raw." + _sha1(_raw(payload))
 
 
-def wall_time(value: object) -> datetime | None:
-    """A stored ISO stamp (for humans and GC), or None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
+def _raw(text: str) -> bytes:
+    """The bytes Redis holds (text arrives decoded with ``surrogateescape``)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _sha1(raw: bytes) -> str:
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()

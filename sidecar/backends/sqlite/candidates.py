@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backends import records
 from sidecar.backends.base import Candidate
-from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction, wall_time
+from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteStoreClient
@@ -54,15 +55,15 @@ class SQLiteCandidates:
         def fetch(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(LIST, {"group": self.group}).fetchall()
 
-        return [
-            Candidate(
+        return [  # checked: after a hand edit any column may hold any type
+            records.candidate(
                 identity=identity,
-                version=str(version),
+                version=str(version) if type(version) is int else version,
                 revision=revision,
-                priority=int(priority),
-                leaving=bool(leaving),
-                started_at=wall_time(started_at),
-                beat_at=wall_time(beat_at),
+                priority=priority,
+                leaving=leaving,
+                started_at=started_at,
+                beat_at=beat_at,
             )
             for identity, version, revision, priority, leaving, started_at, beat_at in (
                 await self.client.connection.run(fetch)

@@ -25,6 +25,10 @@ URGENT, NORMAL, LAST = 0, 1, 2
 _Job = Callable[[], None]
 
 
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
 class Connection:
     """Every statement runs on one thread that owns the connection (sqlite3 connections are
     not for sharing between threads), off the event loop. Opened on first use.
@@ -49,6 +53,10 @@ class Connection:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
+            # Text that is not UTF-8 (a hand edit) arrives with its bad bytes as lone
+            # surrogates, for `sidecar.backends.records` to refuse, instead of failing the read
+            # of every row beside it.
+            conn.text_factory = _decode_text
             try:
                 conn.create_function("boottime", 0, self._clock.now)
                 set_up(conn, self._busy_timeout)

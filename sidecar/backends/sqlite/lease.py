@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import LOST_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.records import MAX_TERM, check_term
 from sidecar.backends.sqlite.schema import (
     ACQUIRE,
     HAND_OVER,
@@ -16,19 +17,13 @@ from sidecar.backends.sqlite.schema import (
     RENEW,
     RESTORE,
     lease_record,
+    stored_term,
     transaction,
 )
 from sidecar.backends.sqlite.watch import Subscription
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteStoreClient
-
-
-def _stored_version(version: str | None) -> int | str | None:
-    """Versions are integers in the file; compare like with like."""
-    if version is not None and version.lstrip("-").isdigit():
-        return int(version)
-    return version
 
 
 class SQLiteLease:
@@ -64,20 +59,18 @@ class SQLiteLease:
     async def try_acquire(
         self, identity: str, duration: float, min_term: int, *, expected: str | None
     ) -> LeaseRecord:
-        params = self._params(
-            holder=identity,
-            duration=duration,
-            min_term=min_term,
-            expected=_stored_version(expected),
-            wall=self._wall(),
-        )
+        params = self._params(holder=identity, duration=duration, wall=self._wall())
 
         def acquire(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
             with transaction(conn):
-                current = lease_record(conn.execute(READ, params).fetchone())
+                row = conn.execute(READ, params).fetchone()
+                current = lease_record(row)
                 written = None
                 if (current.version if current else None) == expected:
-                    written = lease_record(conn.execute(ACQUIRE, params).fetchone())
+                    stored = stored_term(row)
+                    term = check_term(max(stored, min_term) + 1, MAX_TERM, self.description)
+                    grant = {**params, "term": term, "expected": row[3] if row else None}
+                    written = lease_record(conn.execute(ACQUIRE, grant).fetchone())
             return written, current
 
         written, current = await self.client.connection.run(acquire, writes=True)
@@ -153,6 +146,8 @@ class SQLiteLease:
             min_term=min_term,
             wall=self._wall(),
         )
+
+        check_term(max(term, min_term) + 1, MAX_TERM, self.description)
 
         def hand_over(conn: sqlite3.Connection) -> tuple[LeaseRecord | None, LeaseRecord | None]:
             with transaction(conn):

@@ -4,12 +4,13 @@ inside one ``BEGIN IMMEDIATE`` transaction by `sidecar.backends.sqlite.lease`.""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from typing import Any
 
+from sidecar.backends import records
 from sidecar.backends.base import LOST_HOLDER, LeaseRecord
 
 SCHEMA = """
@@ -53,15 +54,18 @@ COLUMNS = "holder, term, duration, version, acquired_at, renewed_at, successor, 
 NEW_VERSION = "abs(random())"
 
 # Grant: the caller names the version it observed (rule 2); the statement re-checks it under
-# the write lock. The new term is max(stored, caller's floor) + 1. A grant ends a hand-over.
+# the write lock (``:expected`` is the version as stored, whatever its type). The new term,
+# max(stored, caller's floor) + 1, is worked out from the row read under the same lock
+# (`sidecar.backends.sqlite.lease`): a stored term that is not one (a hand edit) counts as 0.
+# A grant ends a hand-over.
 ACQUIRE = f"""
 INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
                     acquired_at, renewed_at, successor)
-VALUES (:name, :holder, :min_term + 1, :duration, boottime() + :duration, :boot_id,
+VALUES (:name, :holder, :term, :duration, boottime() + :duration, :boot_id,
         {NEW_VERSION}, :wall, :wall, NULL)
 ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder,
-    term = max(leases.term, :min_term) + 1,
+    term = excluded.term,
     duration = excluded.duration,
     expires_at = excluded.expires_at,
     boot_id = excluded.boot_id,
@@ -249,28 +253,42 @@ def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
 
 
 def lease_record(row: Sequence[Any] | None) -> LeaseRecord | None:
-    """A row of ``COLUMNS`` as the contract's record."""
+    """A row of ``COLUMNS`` as the contract's record, checked (`sidecar.backends.records`):
+    any column may hold any type after a hand edit."""
     if row is None:
         return None
     holder, term, duration, version, acquired, renewed, successor, handed = row
     released = holder is None  # a NULL holder is only ever written by a release
     if holder == LOST_HOLDER:  # a loss marker: no holder, not released
         holder = None
-    return LeaseRecord(
+    return records.lease_record(
         holder=holder,
-        term=int(term),
-        duration=float(duration),
-        version=str(version),
+        term=term,
+        duration=duration,
+        version=version_key(version),
         released=released,
         # Only a release names a successor; a grant by an earlier version of the sidecar
         # (sharing the file during an upgrade) does not clear the column, so ignore it there.
         successor=successor if released else None,
         handed=handed if holder is not None else None,
-        acquired_at=wall_time(acquired),
-        renewed_at=wall_time(renewed),
+        acquired_at=acquired,
+        renewed_at=renewed,
     )
 
 
-def wall_time(value: str | None) -> datetime | None:
-    """A stored ISO stamp (for humans and GC), or None."""
-    return datetime.fromisoformat(value) if value else None
+def version_key(stored: object) -> str:
+    """The version the contract reports for a stored one: the number as it is (every
+    version this code writes is an integer), or for anything else a hand edit left there a
+    digest of its type and value — exactly one key per stored value, so that such a row can
+    still be taken over conditionally."""
+    if type(stored) is int:
+        return str(stored)
+    digest = hashlib.sha256(f"{type(stored).__name__}:{stored!r}".encode("utf-8", "replace"))
+    return "raw:" + digest.hexdigest()[:32]
+
+
+def stored_term(row: Sequence[Any] | None) -> int:
+    """The term in a row if it is one a grant could have written, else 0 (a hand edit): what
+    the next grant counts up from, beside the caller's floor."""
+    term = row[1] if row is not None else 0
+    return term if type(term) is int and 0 <= term <= records.MAX_TERM else 0

@@ -28,7 +28,7 @@ class Subscription:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.seen: str | None = _UNSEEN
+        self.seen: LeaseRecord | None = _UNSEEN
         self.latest: LeaseRecord | None = None
         self.ready = asyncio.Event()
         self.ended = False
@@ -39,9 +39,10 @@ class Subscription:
         return self.seen is _UNSEEN
 
     def offer(self, record: LeaseRecord | None) -> None:
-        key = record.version if record is not None else None
-        if self.fresh or key != self.seen:
-            self.seen = key
+        """Yield ``record`` if it differs from the last one yielded: a new version, or the
+        same version with other contents (a hand edit, which leaves the version as it was)."""
+        if self.fresh or record != self.seen:
+            self.seen = record
             self.latest = record
             self.ready.set()
 
