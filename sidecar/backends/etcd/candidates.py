@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backends import records
 from sidecar.backends.base import Candidate, StoreError
 from sidecar.backends.etcd.api import b64
 from sidecar.backends.etcd.records import (
@@ -32,7 +33,6 @@ from sidecar.backends.etcd.records import (
     new_version,
     range_end,
     range_op,
-    wall_time,
 )
 from sidecar.logs import log
 
@@ -46,21 +46,28 @@ GC_MIN = 60.0  # seconds
 GC_EVERY = 60.0  # monotonic seconds between two garbage collections of one registry
 
 
-def decode(kv: KeyValue) -> Candidate | None:
-    """The candidate a key holds, or None if the value is not ours (left alone)."""
+def decode(kv: KeyValue, prefix: bytes) -> Candidate:
+    """The candidate a key holds, checked (`sidecar.backends.records`): a value that is not
+    ours, or one under another identity's key, is left out by the reader (and left alone)."""
     try:
         raw: Any = json.loads(kv.value)
-        return Candidate(
-            identity=str(raw["identity"]),
-            version=str(raw["version"]),
-            revision=str(raw.get("revision") or ""),
-            priority=int(raw.get("priority") or 0),
-            leaving=bool(raw.get("leaving")),
-            started_at=wall_time(raw.get("started_at")),
-            beat_at=wall_time(raw.get("beat_at")),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):
+        return records.unreadable_candidate(kv.key, kv.value, "not a JSON object")
+    candidate = records.candidate(
+        identity=raw.get("identity"),
+        version=raw.get("version"),
+        revision=raw.get("revision", ""),
+        priority=raw.get("priority", 0),
+        leaving=raw.get("leaving", False),
+        started_at=raw.get("started_at"),
+        beat_at=raw.get("beat_at"),
+    )
+    if candidate.unreadable is None and kv.key != prefix + candidate.identity.encode():
+        problem = f"identity {candidate.identity!r} written under another identity's key"
+        return records.unreadable_candidate(kv.key, candidate.version, problem)
+    return candidate
 
 
 class EtcdCandidates:
@@ -97,7 +104,7 @@ class EtcdCandidates:
 
     async def list(self) -> builtins.list[Candidate]:
         kvs = await self._kvs()
-        return [c for c in (decode(kv) for kv in kvs) if c is not None]
+        return [decode(kv, self.prefix) for kv in kvs]
 
     async def _kvs(self) -> builtins.list[KeyValue]:
         answer = await self.client.call("list candidates", "/v3/kv/range", self._range())
@@ -116,8 +123,7 @@ class EtcdCandidates:
         try:
             while True:
                 state, _as_of = await subscription.next()
-                records = [decode(kv) for kv in state.values()]
-                yield [c for c in records if c is not None]
+                yield [decode(kv, self.prefix) for kv in state.values()]
         finally:
             self._following -= 1
             self.client.hub.leave(subscription)
@@ -130,12 +136,12 @@ class EtcdCandidates:
         each only if nobody wrote it since it was read. Best effort."""
         try:
             for kv in await self._kvs():
-                candidate = decode(kv)
-                beat_at = candidate.beat_at if candidate is not None else None
+                candidate = decode(kv, self.prefix)
+                beat_at = candidate.beat_at
                 if beat_at is None or beat_at.tzinfo is None or beat_at >= older_than:
                     continue
                 written, _ = await self.client.swap("collect candidate", kv.key, kv, None)
-                if written and candidate is not None:
+                if written:
                     log(logger, "info", "removed a stale candidate", identity=candidate.identity)
         except StoreError:
             return

@@ -21,7 +21,6 @@ from sidecar.backends.base import (
 )
 from sidecar.backends.etcd.api import EtcdApi, EtcdError, unavailable
 from sidecar.backends.etcd.records import (
-    ForeignValue,
     KeyValue,
     decode_record,
     lease_key,
@@ -103,21 +102,19 @@ class EtcdStoreClient:
     # -- versions ---------------------------------------------------------------------------
 
     def record(self, kv: KeyValue) -> LeaseRecord:
-        """The record ``kv`` holds, with this client's epoch in its version. Raises
-        `StoreUnavailable` for a value that is not ours."""
-        try:
-            record = decode_record(kv.value, kv.key)
-        except ForeignValue as exc:
-            raise self.fail("error", str(exc)) from None
+        """The record ``kv`` holds (checked: one that is not ours is unreadable), with this
+        client's epoch in its version."""
+        record = decode_record(kv.value)
         version = f"{record.version}{EPOCH}{self.epoch}"
-        if kv.mod_revision <= self.restored_revision:
+        if kv.mod_revision <= self.restored_revision and record.unreadable is None:
             # Written before etcd went back in time (a restore from an older snapshot): what
             # it shows is what the store remembered, not what it last granted. Shown as the
             # store's loss, at the term it holds (a loss marker: no holder, not released), so
             # every replica that saw etcd go back waits a lease and jumps its next grant above
             # every term seen (rules 5, 8), also one that never saw a grant the restore
             # forgot; the holder puts its grant back over it. Writes still compare the real
-            # value. The next write of the key ends it.
+            # value. The next write of the key ends it. (One that cannot be read is a loss
+            # already.)
             return LeaseRecord(
                 holder=None, term=record.term, duration=record.duration, version=version
             )

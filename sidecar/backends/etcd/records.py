@@ -20,11 +20,13 @@ Every write is conditional on both the ``mod_revision`` and the exact value the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import secrets
 from datetime import datetime
 from typing import Any
 
+from sidecar.backends import records
 from sidecar.backends.base import LeaseRecord, lost_grant
 from sidecar.backends.etcd.api import b64, unb64
 
@@ -72,10 +74,6 @@ class KeyValue:
             value=unb64(raw.get("value")),
             mod_revision=int(raw.get("mod_revision") or 0),
         )
-
-
-class ForeignValue(ValueError):
-    """A value under one of our keys that is not ours."""
 
 
 def encode(value: dict[str, Any]) -> bytes:
@@ -144,52 +142,38 @@ def marker_value(term: int, duration: float) -> bytes:
     )
 
 
-def decode_record(value: bytes, key: bytes) -> LeaseRecord:
-    """The record a lease key holds (its version not yet tagged with an epoch). Raises
-    `ForeignValue` for anything that is not ours."""
+def decode_record(value: bytes) -> LeaseRecord:
+    """The record a lease key holds (its version not yet tagged with an epoch), checked
+    (`sidecar.backends.records`): a value that is not ours is a record of unknown holder,
+    named by its own version or, where it has none, a digest of it (every write is
+    conditional on the exact value seen anyway)."""
     try:
         data = json.loads(value)
-        if not isinstance(data, dict):
-            raise TypeError("not a JSON object")
-        term = data["term"]
-        if not isinstance(term, int) or isinstance(term, bool) or term < 0:
-            raise TypeError(f"term {term!r} is not a whole number")
-        version = data["version"]
-        if not isinstance(version, str) or not version:
-            raise TypeError("no version")
-        released = data.get("released") is True
-        holder = data.get("holder")
-        if holder is not None and (not isinstance(holder, str) or not holder or released):
-            raise TypeError(f"holder {holder!r}")
-        successor = data.get("successor") if released else None
-        handed = data.get("handed") if holder is not None else None
-        return LeaseRecord(
-            holder=holder,
-            term=term,
-            duration=float(data.get("duration_ms") or 0) / 1000,
-            version=version,
-            released=released,
-            successor=str(successor) if successor else None,
-            handed=str(handed) if handed else None,
-            acquired_at=wall_time(data.get("acquired_at")),
-            renewed_at=wall_time(data.get("renewed_at")),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        shown = value[:80].decode(errors="replace")
-        raise ForeignValue(
-            f"the key {key.decode(errors='replace')} holds a value that is not a lease record "
-            f"({exc}): {shown!r}; delete it (etcdctl del) or use another --store prefix"
-        ) from None
-
-
-def wall_time(value: object) -> datetime | None:
-    """A stored ISO stamp (for humans and GC), or None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):  # UnicodeDecodeError included
+        data = None
+    version = data.get("version") if isinstance(data, dict) else None
+    if not (isinstance(version, str) and 0 < len(version) <= 64):
+        version = "raw." + hashlib.sha256(value).hexdigest()[:32]
+    if not isinstance(data, dict):
+        return records.unreadable_lease(version, f"not a JSON object ({records.shown(value)})")
+    released = data.get("released", False)
+    holder = data.get("holder")
+    if released is True and holder is not None:
+        return records.unreadable_lease(version, f"holder {records.shown(holder)} on a release")
+    duration = data.get("duration_ms", 0)
+    if type(duration) in (int, float):
+        duration = duration / 1000
+    return records.lease_record(
+        holder=holder,
+        term=data.get("term"),
+        duration=duration,
+        version=version,
+        released=released,
+        successor=data.get("successor") if released is True else None,
+        handed=data.get("handed") if holder is not None else None,
+        acquired_at=data.get("acquired_at"),
+        renewed_at=data.get("renewed_at"),
+    )
 
 
 # -- requests -----------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from sidecar.backends.base import (
     LeaseHeld,
     LeaseRecord,
     NotOwned,
-    StoreUnavailable,
     room_for_marker,
 )
 from sidecar.backends.etcd.client import EtcdStoreClient
@@ -33,6 +32,7 @@ from sidecar.backends.etcd.records import (
     renewal_value,
 )
 from sidecar.backends.etcd.target import EtcdTarget
+from sidecar.backends.records import MAX_TERM, check_term
 
 # A renewal or release that finds the lease changed under it, but still the caller's grant
 # (its own renewal raced a watch event, a hand-over's first renewal), tries again this often.
@@ -90,7 +90,7 @@ class EtcdLease:
                     if seen is None or record is None or record.version != expected:
                         raise LeaseHeld(f"the lease is not at version {expected}", record)
             stored_term = 0 if seen is None else client.record(seen).term
-            term = max(stored_term, min_term) + 1
+            term = check_term(max(stored_term, min_term) + 1, MAX_TERM, self.description)
             value = grant_value(identity, term, duration, client.clock.wall())
             written, now = await client.swap("acquire", self.key, seen, value)
             record = self._record(now)
@@ -163,6 +163,7 @@ class EtcdLease:
                 if record is None or record.holder != identity or record.term != term:
                     raise NotOwned(f"not held by {identity} with term {term}", record)
                 new_term = max(record.term, min_term) + 1
+                check_term(new_term, MAX_TERM, self.description)
                 value = grant_value(
                     successor, new_term, duration, client.clock.wall(), handed=handed
                 )
@@ -199,11 +200,7 @@ class EtcdLease:
             while True:
                 state, as_of = await subscription.next()
                 kv = self.client.newest(self.key, state.get(self.key), as_of)
-                try:
-                    record = self._record(kv)
-                except StoreUnavailable:
-                    continue  # logged by the client; a read reports it to the elector
-                yield record
+                yield self._record(kv)
         finally:
             self.client.hub.leave(subscription)
 
