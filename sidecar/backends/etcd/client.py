@@ -297,11 +297,7 @@ class EtcdStoreClient:
         for index in pending:
             renewal, key = renewals[index], keys[index]
             seen = self.seen.get(key)
-            try:
-                record = None if seen is None else self.record(seen)
-            except StoreUnavailable as foreign:
-                outcomes[index] = foreign
-                continue
+            record = None if seen is None else self.record(seen)
             value = renewal_value(record, renewal.identity, renewal.term, renewal.duration, wall)
             if value is None:
                 outcomes[index] = NotOwned(
@@ -335,11 +331,7 @@ class EtcdStoreClient:
             if isinstance(answer, BaseException):
                 raise answer
             for entry, (written, now) in zip(chunk, answer, strict=True):
-                try:
-                    record = None if now is None else self.record(now)
-                except StoreUnavailable as foreign:
-                    outcomes[entry.index] = foreign
-                    continue
+                record = None if now is None else self.record(now)
                 if written:
                     assert record is not None
                     outcomes[entry.index] = record

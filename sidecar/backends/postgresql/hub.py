@@ -37,17 +37,17 @@ class LeaseWatch:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.seen: str | None = _UNSEEN
+        self.seen: LeaseRecord | None = _UNSEEN
         self.latest: LeaseRecord | None = None
         self.ready = asyncio.Event()
         self.ended = False
 
     def offer(self, record: LeaseRecord | None, *, again: bool = False) -> None:
         """``again``: yield it even if unchanged (a reconnection: the contract's "once after
-        every (re)connection")."""
-        key = record.version if record is not None else None
-        if again or self.seen is _UNSEEN or key != self.seen:
-            self.seen = key
+        every (re)connection"). A record differs by its version or, under the same version,
+        by its contents (a hand edit leaves the version as it was)."""
+        if again or self.seen is _UNSEEN or record != self.seen:
+            self.seen = record
             self.latest = record
             self.ready.set()
 
@@ -222,7 +222,7 @@ class ListenHub:
     def _deliver(self, payload: str) -> None:
         try:
             data = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return  # not ours: something else notifies on our channel
         if not isinstance(data, dict):
             return

@@ -9,11 +9,13 @@ from datetime import datetime
 
 import asyncpg
 
+from sidecar.backends import records
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.client import PostgresStoreClient, new_version
 from sidecar.backends.postgresql.hub import LeaseWatch
 from sidecar.backends.postgresql.target import PostgresTarget
+from sidecar.backends.records import check_term
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
@@ -65,7 +67,11 @@ class PostgresLease:
             )
         if written is not None:
             return written
-        raise LeaseHeld(f"the lease is not at version {expected}", await self.read())
+        current = await self.read()
+        if (current.version if current is not None else None) == expected:
+            # Nothing else changed: the grant would have passed what the store holds.
+            check_term(records.MAX_TERM + 1, records.MAX_TERM, self.description)
+        raise LeaseHeld(f"the lease is not at version {expected}", current)
 
     async def renew(self, identity: str, term: int, duration: float) -> LeaseRecord:
         written = await self._fetch(
@@ -116,7 +122,11 @@ class PostgresLease:
         )  # fmt: skip
         if written is not None:
             return written
-        raise NotOwned(f"not held by {identity} with term {term}", await self.read())
+        current = await self.read()
+        if current is not None and (current.holder, current.term) == (identity, term):
+            # Still ours: the grant would have passed what the store holds.
+            check_term(records.MAX_TERM + 1, records.MAX_TERM, self.description)
+        raise NotOwned(f"not held by {identity} with term {term}", current)
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         written = await self._fetch(schema.MARK_LOST, term, duration, new_version(), self._wall())

@@ -21,10 +21,11 @@ clock, for humans and garbage collection: no statement compares a time to decide
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
+from sidecar.backends import records
 from sidecar.backends.base import Candidate, LeaseRecord
+from sidecar.backends.records import MAX_TERM
 
 SCHEMA = "leader_sidecar"
 CHANNEL = "leader_sidecar"  # one LISTEN for every lease and candidate group
@@ -204,17 +205,25 @@ L_COLUMNS = ", ".join(f"l.{column}" for column in COLUMNS.split(", "))  # the sa
 
 # -- the lease statements ($1 is always the lease's name) --------------------------------------
 
+# A stored term a grant could have written, else 0 (a hand edit: `records.MAX_TERM` bounds
+# every term, and one of 2^63 - 1 would overflow the next grant). Every grant counts up from
+# these, and writes nothing past MAX_TERM: the statement then changes nothing, and the caller
+# tells that apart from a lost race by reading (`lease.TermExhausted`).
+_SANE = f"BETWEEN 0 AND {MAX_TERM}"
+_GRANTED = f"(SELECT coalesce(max(g.term) FILTER (WHERE g.term {_SANE}), 0) FROM {SCHEMA}.grants g WHERE g.name = $1)"  # noqa: E501
+
 # Grant over "nothing stored at all" (rule 1): only where no row exists. The term is above the
 # grant row's (a row someone deleted from `leases` alone) and the caller's floor (rule 5).
 # $2 holder, $3 duration, $4 min_term, $5 new version, $6 wall time.
 ACQUIRE_NEW = f"""
 WITH floor AS (
-    SELECT greatest(coalesce(max(term), 0), $4::bigint) AS term
+    SELECT greatest(coalesce(max(term) FILTER (WHERE term {_SANE}), 0), $4::bigint) AS term
     FROM {SCHEMA}.grants WHERE name = $1
 ), granted AS (
     INSERT INTO {SCHEMA}.leases (name, holder, term, duration, version, released,
                                  acquired_at, renewed_at)
     SELECT $1, $2, floor.term + 1, $3, $5, false, $6, $6 FROM floor
+    WHERE floor.term < {MAX_TERM}
     ON CONFLICT (name) DO NOTHING
     RETURNING name, {COLUMNS}
 ), fenced AS (
@@ -234,12 +243,13 @@ ACQUIRE = f"""
 WITH granted AS (
     UPDATE {SCHEMA}.leases AS l
     SET holder = $2,
-        term = greatest(l.term, $4::bigint,
-                        (SELECT coalesce(max(g.term), 0) FROM {SCHEMA}.grants g
-                         WHERE g.name = $1)) + 1,
+        term = greatest(CASE WHEN l.term {_SANE} THEN l.term ELSE 0 END, $4::bigint,
+                        {_GRANTED}) + 1,
         duration = $3, version = $5, released = false, successor = NULL, handed = NULL,
         acquired_at = $6, renewed_at = $6
     WHERE l.name = $1 AND l.version = $7
+      AND greatest(CASE WHEN l.term {_SANE} THEN l.term ELSE 0 END, $4::bigint,
+                   {_GRANTED}) < {MAX_TERM}
     RETURNING l.name, {COLUMNS}
 ), fenced AS (
     INSERT INTO {SCHEMA}.grants (name, term) SELECT name, term FROM granted
@@ -341,12 +351,11 @@ HAND_OVER = f"""
 WITH granted AS (
     UPDATE {SCHEMA}.leases AS l
     SET holder = $4,
-        term = greatest(l.term, $6::bigint,
-                        (SELECT coalesce(max(g.term), 0) FROM {SCHEMA}.grants g
-                         WHERE g.name = $1)) + 1,
+        term = greatest(l.term, $6::bigint, {_GRANTED}) + 1,
         duration = $5, version = $7, released = false, successor = NULL, handed = $9,
         acquired_at = $8, renewed_at = $8
     WHERE l.name = $1 AND l.holder = $2 AND l.term = $3
+      AND greatest(l.term, $6::bigint, {_GRANTED}) < {MAX_TERM}
     RETURNING l.name, {COLUMNS}
 ), fenced AS (
     INSERT INTO {SCHEMA}.grants (name, term) SELECT name, term FROM granted
@@ -411,49 +420,36 @@ LEAVE = f"DELETE FROM {SCHEMA}.candidates WHERE group_name = $1 AND identity = $
 
 
 def lease_record(row: Mapping[str, Any] | None, version_tag: str = "") -> LeaseRecord | None:
-    """A row of ``COLUMNS`` (or a notification's JSON object) as the contract's record.
+    """A row of ``COLUMNS`` (or a notification's JSON object) as the contract's record,
+    checked (`sidecar.backends.records`: the columns are typed, but a hand edit can still put
+    a term past what a grant writes, text with control characters, a NaN lease). A record
+    that cannot be read keeps its stored version: a takeover is conditional on it.
     ``version_tag`` is appended to the stored version (the client's epoch)."""
     if row is None:
         return None
-    released = bool(row["released"])
+    released = row["released"]
     holder = row["holder"]
-    return LeaseRecord(
-        holder=None if holder is None else str(holder),
-        term=int(row["term"]),
-        duration=float(row["duration"]),
+    return records.lease_record(
+        holder=holder,
+        term=row["term"],
+        duration=row["duration"],
         version=f"{row['version']}{version_tag}",
-        released=released and holder is None,
-        successor=_text(row["successor"]) if released else None,
-        handed=_text(row["handed"]) if holder is not None else None,
-        acquired_at=wall_time(row["acquired_at"]),
-        renewed_at=wall_time(row["renewed_at"]),
+        released=released is True and holder is None,
+        successor=row["successor"] if released is True else None,
+        handed=row["handed"] if holder is not None else None,
+        acquired_at=row["acquired_at"],
+        renewed_at=row["renewed_at"],
     )
 
 
 def candidate(row: Mapping[str, Any]) -> Candidate:
-    return Candidate(
-        identity=str(row["identity"]),
-        version=str(row["version"]),
-        revision=str(row["revision"]),
-        priority=int(row["priority"]),
-        leaving=bool(row["leaving"]),
-        started_at=wall_time(row["started_at"]),
-        beat_at=wall_time(row["beat_at"]),
+    """A candidate row, checked; one that cannot be read is left out by the reader."""
+    return records.candidate(
+        identity=row["identity"],
+        version=row["version"],
+        revision=row["revision"],
+        priority=row["priority"],
+        leaving=row["leaving"],
+        started_at=row["started_at"],
+        beat_at=row["beat_at"],
     )
-
-
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def wall_time(value: object) -> datetime | None:
-    """A stored stamp (a datetime from a row, an ISO string from a notification), for humans;
-    None when absent or unreadable."""
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    return None
