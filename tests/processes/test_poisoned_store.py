@@ -172,7 +172,8 @@ async def test_poisoned_candidate_rows_and_a_ghost_leave_the_leases_balanced_and
                     return led if led and led[0] != holder_of_a.name else None
 
                 await until(a_led_by_another, 3, "the transfer lands on a running replica")
-                now = await leaders(session, procs)
+                # (The balancer may move a lease back meanwhile: wait until all are led.)
+                now = await until(lambda: _all_led(session, procs), 3 * LEASE, "all led")
                 leaving = next(p for p in procs if p.name == now["b"][0])
                 leaving.signal(signal.SIGTERM)
                 assert leaving.wait_exit(5) == 0
