@@ -272,6 +272,35 @@ async def split_brain(pool: Pool) -> float | None:
     return max(late) - resumed if late else 0.0
 
 
+async def split_brain_partition(pool: Pool) -> float | None:
+    """Cut the leader off the store (its connections black-holed, as a network that drops
+    packets) for two leases, then heal: seconds during which both claimed, counting only
+    answers to requests sent after another replica led. None: nobody took over."""
+    first, leader = await pool.settle()
+    cut = time.time()
+    pool.system.partition(pool.slots[leader.name], True)  # type: ignore[attr-defined]
+    try:
+        await asyncio.sleep(pool.system.lease * 2)
+    finally:
+        pool.system.partition(pool.slots[leader.name], False)  # type: ignore[attr-defined]
+    healed = time.time()
+    other = [
+        s for s in pool.observer.samples if s.leader and s.name != first.name and s.sent >= cut
+    ]
+    if not other:
+        await pool.leader()
+        return None
+    took_over = min(s.received for s in other)
+    both = [
+        s.received
+        for s in pool.observer.samples
+        if s.name == first.name and s.leader and s.sent >= took_over
+    ]
+    await pool.first_not_leader(leader.name, healed, pool.system.lease * 4)
+    await pool.leader()
+    return max(both) - took_over if both else 0.0
+
+
 async def store_rates(pool: Pool, seconds: float = 1.0) -> tuple[float, list[float]]:
     """Store requests per second over one window: (the leader's, each follower's)."""
     _, leader = await pool.leader()

@@ -76,6 +76,10 @@ async def bench_store(store: AnyStore, ours: System, theirs: System, trials: int
     _log(f"{short} start→leader: {starts}")
     ours.reset()
     theirs.reset()
+    partitions = isinstance(store, PostgresStore)
+    if partitions:
+        slots = ["0", "1", "2"]
+        await store.open_proxies([f"{who}-{s}" for who in ("ours", "recipe") for s in slots])
     async with Pool(ours) as po, Pool(theirs) as pt:
         pools = [po, pt]
 
@@ -113,6 +117,13 @@ async def bench_store(store: AnyStore, ours: System, theirs: System, trials: int
             lambda i: measures.stalled(pools, store.stall, store.unstall, store.lease * 1.5),
         )
         splits = await _trials(f"{short} split brain", trials, lambda i: both(measures.split_brain))
+        cut_off = (
+            await _trials(
+                f"{short} partition", trials, lambda i: both(measures.split_brain_partition)
+            )
+            if partitions
+            else []
+        )
         leader_rows = await leader_throughput(po, trials, tmp) if throughput else []
 
     def col(
@@ -162,6 +173,18 @@ async def bench_store(store: AnyStore, ours: System, theirs: System, trials: int
             Cell(col(splits, 0), never="nobody took over during the pause"),
             Cell(col(splits, 1), never="nobody took over during the pause"),
         ),
+        *(
+            [
+                (
+                    f"{short}: split brain after cutting the leader off the store for 2 leases "
+                    "(black hole), then healing (time both claim once another leads)",
+                    Cell(col(cut_off, 0), never="nobody took over during the partition"),
+                    Cell(col(cut_off, 1), never="nobody took over during the partition"),
+                )
+            ]
+            if cut_off
+            else []
+        ),
         (
             f"{short}: store requests/s, leader",
             Cell(col(rates, 0, lambda v: v[0]), kind="rate"),
@@ -188,6 +211,8 @@ async def bench_store(store: AnyStore, ours: System, theirs: System, trials: int
             Cell(starts["theirs"]),
         ),
     ]
+    if partitions:
+        await store.close_proxies()
     return rows + leader_rows
 
 

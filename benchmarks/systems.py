@@ -309,10 +309,13 @@ class OursOnRedis:
     def start(self, name: str, slot: str) -> Replica:
         return SidecarProcess.start(
             name,
-            self.store.url,
+            self.store.url_for(f"ours-{slot}"),
             lease_duration=f"{self.lease:g}s",
             args=["--lease", self.lease_name, "--log-level", "info"],
         )
+
+    def partition(self, slot: str, cut: bool) -> None:
+        self.store.partition(f"ours-{slot}", cut)
 
     def last_write_before(self, moment: float) -> float | None:
         key = self.keys[0]
@@ -401,6 +404,7 @@ class PostgresStore:
     def __init__(self, tmp: Path) -> None:
         from tests.postgresql.servers import PostgresServer
 
+        self.proxies: dict[str, Any] = {}  # slot → the TcpProxy its replica connects through
         self.server = PostgresServer.start()
         self.server.psql("CREATE DATABASE bench")
         self.url = self.server.url("bench")
@@ -413,6 +417,29 @@ class PostgresStore:
 
     def sql(self, statement: str) -> str:
         return self.server.value(statement, "bench")
+
+    async def open_proxies(self, slots: list[str]) -> None:
+        """One proxy per replica slot and system (``ours-0``, ``recipe-0`` …), so one replica
+        alone can be cut off (`partition`)."""
+        from tests.chaos.proxy import TcpProxy
+
+        for slot in slots:
+            self.proxies[slot] = await TcpProxy("127.0.0.1", self.server.port, slot).start()
+
+    async def close_proxies(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+
+    def url_for(self, slot: str) -> str:
+        proxy = self.proxies.get(slot)
+        if proxy is None:
+            return self.url
+        return self.url.replace(f"127.0.0.1:{self.server.port}", proxy.address)
+
+    def partition(self, slot: str, cut: bool) -> None:
+        proxy = self.proxies[slot]
+        # The proxy's loop is the benchmark's: this runs on it (measures call it directly).
+        proxy.set_mode("blackhole" if cut else "open")
 
     def stall(self) -> None:
         self.server.pause()
@@ -437,10 +464,13 @@ class OursOnPostgres:
     def start(self, name: str, slot: str) -> Replica:
         return SidecarProcess.start(
             name,
-            self.store.url,
+            self.store.url_for(f"ours-{slot}"),
             lease_duration=f"{self.lease:g}s",
             args=["--lease", self.lease_name, "--log-level", "info"],
         )
+
+    def partition(self, slot: str, cut: bool) -> None:
+        self.store.partition(f"ours-{slot}", cut)
 
     def last_write_before(self, moment: float) -> float | None:
         value = self.store.sql(
@@ -487,9 +517,11 @@ class RecipeOnPostgres:
         self.renew = 0.1
 
     def start(self, name: str, slot: str) -> Replica:
-        return AnchorProcess.start(
-            "pg_advisory_lock", name, ["--url", self.store.url, "--key", str(self.key)]
-        )
+        url = self.store.url_for(f"recipe-{slot}")
+        return AnchorProcess.start("pg_advisory_lock", name, ["--url", url, "--key", str(self.key)])
+
+    def partition(self, slot: str, cut: bool) -> None:
+        self.store.partition(f"recipe-{slot}", cut)
 
     def last_write_before(self, moment: float) -> float | None:
         """The lock is free the moment its session ends: the earliest take is ``moment``
