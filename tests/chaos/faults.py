@@ -400,6 +400,9 @@ async def snapshot_restore(cluster: Cluster, spec: FaultSpec, record: FaultRecor
     await asyncio.sleep(spec.gap)
     await asyncio.to_thread(store.cluster.restore_snapshot, snapshot)
     record.notes.append(f"restored to the snapshot of term <= {before}")
+    record.healed = time.time()
+
+
 def postgres(cluster: Cluster) -> PostgresStore:
     assert isinstance(cluster.store, PostgresStore)
     return cluster.store
