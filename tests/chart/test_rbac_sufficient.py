@@ -215,7 +215,7 @@ async def test_the_charts_role_is_enough_for_election_hand_off_labels_and_events
             await observer.wait_for(lambda s: s.name == third.name and s.leader, timeout=10)
         requests = await asyncio.to_thread(fake.requests)
 
-    sidecars = [r for r in requests if r["user_agent"] == "leader-sidecar"]
+    sidecars = [r for r in requests if r["user_agent"].startswith("leader-sidecar/")]
     assert sidecars
     assert {r["user"] for r in sidecars} == {chart.user}  # every one with the token
     refused = [r for r in sidecars if r["status"] in (401, 403)]
@@ -257,7 +257,7 @@ async def test_the_charts_role_is_enough_for_twelve_shards(helm: Helm, tmp_path:
             assert time.monotonic() < deadline, "not every shard got a leader"
             await asyncio.sleep(0.2)
         requests = await asyncio.to_thread(fake.requests)
-    sidecars = [r for r in requests if r["user_agent"] == "leader-sidecar"]
+    sidecars = [r for r in requests if r["user_agent"].startswith("leader-sidecar/")]
     refused = [r for r in sidecars if r["status"] in (401, 403)]
     assert refused == [], refused[:5]
     used = {
