@@ -326,7 +326,7 @@ async def get_readyz(request: web.Request) -> web.Response:
         {
             "ok": False,
             "error": f"the store has not answered for a lease ({elector.timing.lease_duration}s)",
-            "last_error": request.app[SCRUB](elector.last_error or "") or None,
+            "last_error": request.app[SCRUB](leases.last_error or "") or None,
         },
         status=503,
     )

@@ -160,7 +160,7 @@ class Sidecar:
             leadership = {**self.elector.status().to_json(), "role": self.elector.role.value}
         return {
             **leadership,
-            "last_error": self.scrub(self.elector.last_error or "") or None,
+            "last_error": self.scrub(self.leases.last_error or "") or None,
             "listeners": {listener.name: listener.usage() for listener in self.listeners},
         }
 

@@ -220,6 +220,15 @@ class LeaseSet:
             return True
         return any(e.store_answered_within(seconds) for e in self.electors.values())
 
+    @property
+    def last_error(self) -> str | None:
+        """The store's last error for ``/readyz`` and the state log: the first lease's own, or
+        the one that made the store probe take over (then no elector sends, so none has one)."""
+        own = self.primary.last_error
+        if own is None and self.probe is not None and self.probe.refusing:
+            return self.probe.last_error
+        return own
+
     def held(self) -> list[str]:
         return [name for name, elector in self.electors.items() if elector.is_leader()]
 

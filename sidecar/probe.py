@@ -54,6 +54,7 @@ class StoreProbe:
         self._rng = rng or random.Random()
         self._count = count  # store requests, into the sidecar's metrics (op "probe")
         self.refusing = False
+        self.last_error: str | None = None  # the refusal that started this outage (/readyz)
         self.not_before = float("-inf")  # the store's Retry-After, as a monotonic moment
         self.probes = 0  # probe reads sent (for tests and logs)
         self._refusing_since = 0.0
@@ -76,6 +77,7 @@ class StoreProbe:
         if not self.refusing:
             return
         self.refusing = False
+        self.last_error = None
         log(
             logger,
             "info",
@@ -101,6 +103,7 @@ class StoreProbe:
         if self.refusing:
             return
         self.refusing = True
+        self.last_error = str(error)
         self._refusing_since = now
         log(
             logger,
