@@ -21,6 +21,18 @@ context: `.` inside this chart, `(index .Subcharts "leader-sidecar")` from a par
 {{- end -}}
 {{- end -}}
 
+{{/*
+The name of an object the chart makes beside the full name: the full name plus a suffix
+("-leader"), the full name cut (`trunc | trimSuffix "-"`) so that the whole stays within 63
+characters, the limit of a Service name (a DNS label) and of a label value, whatever
+fullnameOverride says. Call with (list $context "-leader").
+*/}}
+{{- define "leader-sidecar.suffixedName" -}}
+{{- $suffix := index . 1 -}}
+{{- $base := include "leader-sidecar.fullname" (index . 0) | trunc (int (sub 63 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s%s" $base $suffix -}}
+{{- end -}}
+
 {{- define "leader-sidecar.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
