@@ -17,8 +17,9 @@ from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
+from sidecar.binding import AddressError
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Config, HostPort
+from sidecar.config import Config, ConfigError, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector, GapAlert
 from sidecar.lease_set import LeaseSet
@@ -206,14 +207,36 @@ class Sidecar:
             self.leases, self.registry, self.health, limits, self.scrub, self.supervisor
         )
         self.api_thread = ApiThread()
-        for name, app, where in (
-            ("local", local, self.config.listen),
-            ("public", public, self.config.public_listen),
+        for name, flag, app, where in (
+            ("local", "--listen", local, self.config.listen),
+            ("public", "--public-listen", public, self.config.public_listen),
         ):
             listener = Listener(name, app, where, limits)
             self.listeners.append(listener)
-            self.addresses[name] = await self.api_thread.run(listener.start())
-            log(logger, "info", "listening", listener=name, address=str(self.addresses[name]))
+            try:
+                self.addresses[name] = await self.api_thread.run(listener.start())
+            except AddressError as exc:
+                raise ConfigError(
+                    flag, where, f"must name an address of this host: {exc}"
+                ) from None
+            assert listener.bound is not None
+            for address, reason in listener.bound.skipped:
+                log(
+                    logger,
+                    "warning",
+                    "not listening on an address this host does not have",
+                    listener=name,
+                    address=address,
+                    error=reason,
+                )
+            log(
+                logger,
+                "info",
+                "listening",
+                listener=name,
+                address=str(self.addresses[name]),
+                addresses=listener.bound.addresses(),
+            )
         await self.leases.prime(self.config.timing.request_timeout)
         self._election = asyncio.create_task(self.leases.run(), name="election")
         self._supervise("demotion-actions", self.actions.run)

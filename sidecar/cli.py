@@ -37,6 +37,10 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
     try:
         try:
             await sidecar.start()
+        except ConfigError as exc:  # a listen address that names nothing on this host
+            await sidecar.stop()
+            print(f"leader-sidecar: {scrub(str(exc))}", file=sys.stderr)
+            return EXIT_CONFIG
         except OSError as exc:
             logs.log(logger, "error", "cannot listen", error=str(exc))
             await sidecar.stop()

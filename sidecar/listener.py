@@ -1,4 +1,5 @@
-"""One listener: a socket, an accept loop, and the limits in front of an aiohttp runner.
+"""One listener: its sockets (one per address its host resolves to, `sidecar.binding`), an
+accept loop on each, and the limits in front of an aiohttp runner.
 
 We accept connections ourselves instead of through ``TCPSite`` for two reasons. asyncio's own
 accept loop, out of file descriptors (EMFILE), logs an error for every retry and schedules a
@@ -23,6 +24,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.api import EVENT_STREAMS, LONG_POLLS
+from sidecar.binding import Bound, bind_all
 from sidecar.config import HostPort
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits
 from sidecar.logs import Throttle, log
@@ -195,8 +197,8 @@ class Listener:
         self.evicted = 0  # idle connections closed at the ceiling to make room
         self.slow_closed = 0  # connections closed for not sending a request head in time
         self.accept_errors = 0
-        self._sock: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
+        self.bound: Bound | None = None
+        self._accepting: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
         self._accept_log = Throttle()
         app.middlewares.append(self._mark_request_started)
@@ -219,29 +221,27 @@ class Listener:
 
     @property
     def address(self) -> HostPort:
-        assert self._sock is not None
-        return HostPort(self.where.host, self._sock.getsockname()[1])
+        assert self.bound is not None
+        return HostPort(self.where.host, self.bound.port)
 
     async def start(self) -> HostPort:
+        """Listen on every address of ``where``; raises `sidecar.binding.AddressError` for an
+        address that names nothing here, `OSError` for one that cannot be bound."""
         await self.runner.setup()
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(
-            self.where.host, self.where.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        family, _, _, _, address = infos[0]
-        sock = socket.create_server(address[:2], family=family, backlog=BACKLOG)
-        sock.setblocking(False)
-        self._sock = sock
-        self._accepting = asyncio.create_task(self._accept_forever(), name=f"accept-{self.name}")
+        self.bound = await bind_all(self.where, BACKLOG)
+        self._accepting = [
+            asyncio.create_task(self._accept_forever(sock), name=f"accept-{self.name}")
+            for sock in self.bound.sockets
+        ]
         return self.address
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._accepting, *self._pending) if t is not None]
+        tasks = [*self._accepting, *self._pending]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._sock is not None:
-            self._sock.close()
+        if self.bound is not None:
+            self.bound.close()
         await self.runner.cleanup()
 
     @web.middleware
@@ -259,13 +259,12 @@ class Listener:
             connection.busy = False
             connection.idle_since = asyncio.get_running_loop().time()
 
-    async def _accept_forever(self) -> None:
-        assert self._sock is not None
+    async def _accept_forever(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         backoff = ACCEPT_BACKOFF_MIN
         while True:
             try:
-                conn, _ = await loop.sock_accept(self._sock)
+                conn, _ = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:
                     continue  # the client gave up while waiting in the backlog
