@@ -8,6 +8,7 @@ humans, never a grant. ``transfer`` asks the local sidecar to hand its lease(s) 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -18,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sidecar.backends.base import Candidate, LeaseRecord, StoreError
-from sidecar.config import Config, ConfigError, load
+from sidecar.config import OPTIONS, Config, ConfigError, Option, Parser, add_options, load
 from sidecar.release_guard import RELEASE_HEADER
 
 READ_CONCURRENCY = 32  # store reads in flight at once for a status of many leases
@@ -152,28 +153,90 @@ def _note(candidate: dict[str, Any]) -> str:
     return "leaving" if candidate["leaving"] else ("stale" if candidate["stale"] else "")
 
 
-def _pop_option(argv: list[str], names: tuple[str, ...], default: str) -> str:
-    """Take ``-o json`` / ``--output=json`` out of ``argv`` (the rest are sidecar flags)."""
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                value = argv[i + 1]
-                del argv[i : i + 2]
-                return value
-            if arg.startswith(name + "="):
-                del argv[i]
-                return arg.split("=", 1)[1]
-    return default
+# The sidecar's settings that say where the store and the leases are: `status` takes these
+# (and their LEADER_SIDECAR_* variables), not the flags of a running sidecar's listeners.
+_STORE_FLAGS = (
+    "--store", "--lease", "--shards", "--group", "--namespace", "--lease-duration",
+    "--request-timeout", "--kubeconfig",
+)  # fmt: skip
+_STORE_PREFIXES = ("--redis-", "--etcd-", "--postgresql-")
+_STATUS_EPILOG = """\
+Every flag above can also be set as LEADER_SIDECAR_<FLAG>, as for the sidecar itself, so in
+a sidecar's container `leader-sidecar status` alone reads that sidecar's store and leases.
+
+exit status: 0 printed, 1 the store did not answer, 2 bad usage or configuration.
+"""
+_TRANSFER_EPILOG = """\
+The sidecar demotes, then hands each lease to the successor in one store write; the answer
+is the sidecar's JSON ({"transferred": [leases], "successor": identity}).
+
+exit status: 0 handed over, 1 refused by the sidecar or the sidecar not reached, 2 bad usage.
+"""
+
+
+def status_options() -> list[Option]:
+    return [o for o in OPTIONS if o.flag in _STORE_FLAGS or o.flag.startswith(_STORE_PREFIXES)]
+
+
+def status_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="leader-sidecar status",
+        description="Print, per lease, the holder, term, state and age of the last renewal, and\n"
+        "the group's candidates, read from the store itself (no sidecar is asked).",
+        epilog=_STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="a table for people (default) or JSON for programs",
+    )
+    add_options(parser, status_options())
+    return parser
+
+
+def transfer_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="leader-sidecar transfer",
+        description="Ask the sidecar on this host (POST /leader/transfer) to hand its lease(s) to\n"
+        "another replica now.",
+        epilog=_TRANSFER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--to",
+        metavar="ID|any",
+        default="any",
+        help="the successor: an identity, a pod name (the identity without its suffix), or "
+        "'any' for the best live replica (default any)",
+    )
+    parser.add_argument(
+        "--lease",
+        metavar="NAME",
+        default="",
+        help="the lease to hand over (default: every lease this sidecar holds)",
+    )
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        default="http://127.0.0.1:4040",
+        help="the sidecar's localhost API, its --listen (default http://127.0.0.1:4040)",
+    )
+    return parser
 
 
 def status_main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    output = _pop_option(args, ("-o", "--output"), "table")
-    if output not in ("table", "json"):
-        print(f"leader-sidecar status: -o {output}: must be table or json", file=sys.stderr)
-        return 2
+    parsed = vars(status_parser().parse_args(argv))
+    flags = [
+        item
+        for option in status_options()
+        if parsed[option.dest] is not None
+        for item in (option.flag, parsed[option.dest])
+    ]
     try:
-        config = load(args)
+        config = load(flags)
     except ConfigError as exc:
         print(f"leader-sidecar status: {exc}", file=sys.stderr)
         return 2
@@ -182,7 +245,7 @@ def status_main(argv: Sequence[str]) -> int:
     except (StoreError, TimeoutError, OSError) as exc:
         print(f"leader-sidecar status: the store did not answer: {exc}", file=sys.stderr)
         return 1
-    if output == "json":
+    if parsed["output"] == "json":
         print(json.dumps(status, indent=2))
     else:
         sys.stdout.write(render_table(status))
@@ -190,17 +253,8 @@ def status_main(argv: Sequence[str]) -> int:
 
 
 def transfer_main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    to = _pop_option(args, ("--to",), "any")
-    lease = _pop_option(args, ("--lease",), "")
-    url = _pop_option(args, ("--url",), "http://127.0.0.1:4040")
-    if args:
-        print(
-            f"leader-sidecar transfer: unknown arguments {' '.join(args)}; "
-            "use --to ID|any, --lease NAME, --url http://127.0.0.1:4040",
-            file=sys.stderr,
-        )
-        return 2
+    parsed = transfer_parser().parse_args(argv)
+    to, lease, url = parsed.to, parsed.lease, parsed.url
     body = {"to": to, **({"lease": lease} if lease else {})}
     request = urllib.request.Request(
         url.rstrip("/") + "/leader/transfer",

@@ -201,7 +201,14 @@ def parse_signal(text: str) -> str:
 
 
 STORE_SCHEMES = (
-    "kubernetes", "sqlite", "redis", "rediss", "redis+sentinel", "etcd", "etcds", "postgresql",
+    "kubernetes",
+    "sqlite",
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "etcd",
+    "etcds",
+    "postgresql",
 )
 _STORE_HELP = (
     "must be kubernetes, sqlite:///relative/path.db, sqlite:////absolute/path.db, "
@@ -641,19 +648,28 @@ class Config:
 # -- building it ------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2), not argparse's usage block; the server's and
+    every subcommand's parser."""
+
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="leader-sidecar",
-        description="Leader election next to your app: one lease, one leader, a fencing term "
-        "on localhost. Every flag can also be set as LEADER_SIDECAR_<FLAG>, e.g. "
-        "LEADER_SIDECAR_LEASE_DURATION=10s.",
-    )
-    for option in OPTIONS:
+SERVER_EPILOG = """\
+commands (each with its own --help):
+  leader-sidecar status             holders, terms and candidates, read from the store
+  leader-sidecar transfer           ask the sidecar on this host to hand its lease(s) over
+  leader-sidecar postgresql-schema  create the PostgreSQL store's schema and grants
+
+exit status: 0 after SIGTERM/SIGINT (lease released), 1 if a listener cannot bind or the
+election fails, 2 for bad configuration.
+"""
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """The settings as flags, each naming its environment variable."""
+    for option in options:
         parser.add_argument(
             option.flag,
             dest=option.dest,
@@ -661,6 +677,18 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"{option.help} [env {option.env}]",
         )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="leader-sidecar",
+        description="Leader election next to your app: one lease, one leader, a fencing term\n"
+        "on localhost. Every flag can also be set as LEADER_SIDECAR_<FLAG>, e.g.\n"
+        "LEADER_SIDECAR_LEASE_DURATION=10s.",
+        epilog=SERVER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(parser, OPTIONS)
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
     return parser
 
