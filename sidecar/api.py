@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from sidecar import bounded_json
 from sidecar.changes import ChangeFeed
 from sidecar.config import duration_seconds
 from sidecar.elector import Elector, LeaderStatus
@@ -33,6 +34,9 @@ CHANGES = web.AppKey("changes", ChangeFeed)
 LONG_POLLS = web.AppKey("long_polls", Slots)
 EVENT_STREAMS = web.AppKey("event_streams", Slots)
 SCRUB: web.AppKey[Callable[[str], str]] = web.AppKey("scrub")
+GONE = web.RequestKey("gone", asyncio.Event)
+"""Set when the client's connection is lost (`sidecar.listener` puts it on every request it
+serves; absent elsewhere, e.g. under a test server)."""
 RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
 
 MAX_WAIT = 300.0  # longest long-poll; longer waits are cut to this
@@ -56,10 +60,10 @@ def status_response(status: LeaderStatus) -> web.Response:
     )
 
 
-def too_busy(what: str, limit: int) -> web.Response:
+def too_busy(what: str, limit: int, where: str = "on this listener") -> web.Response:
     """The fast refusal past a limit: 503 and when to come back."""
     return web.json_response(
-        {"error": f"too many {what} on this listener (limit {limit}); retry later"},
+        {"error": f"too many {what} {where} (limit {limit}); retry later"},
         status=503,
         headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Cache-Control": "no-store"},
     )
@@ -132,12 +136,21 @@ async def _leader_answer(request: web.Request, elector: Elector) -> web.Response
     if wait is None:
         return status_response(elector.status())
     slots = request.app[LONG_POLLS]
-    with slots.take() as granted:
+    with slots.take(request.remote) as granted:
         if not granted:
-            return too_busy("long-polls", slots.limit)
+            return _refused_long_poll(request, slots)
         etag = request.headers["If-None-Match"].strip()
-        status = await request.app[CHANGES].wait(elector.status, lambda s: s.etag, etag, wait)
+        status = await request.app[CHANGES].wait(
+            elector.status, lambda s: s.etag, etag, wait, request.get(GONE)
+        )
     return status_response(status)
+
+
+def _refused_long_poll(request: web.Request, slots: Slots) -> web.Response:
+    if slots.limited_by_peer(request.remote):
+        assert slots.per_peer is not None
+        return too_busy("long-polls", slots.per_peer, "from this address on this listener")
+    return too_busy("long-polls", slots.limit)
 
 
 async def get_leases(request: web.Request) -> web.Response:
@@ -150,11 +163,13 @@ async def get_leases(request: web.Request) -> web.Response:
     statuses = leases.statuses()
     if wait is not None:
         slots = request.app[LONG_POLLS]
-        with slots.take() as granted:
+        with slots.take(request.remote) as granted:
             if not granted:
-                return too_busy("long-polls", slots.limit)
+                return _refused_long_poll(request, slots)
             etag = request.headers["If-None-Match"].strip()
-            statuses = await request.app[CHANGES].wait(leases.statuses, _set_etag, etag, wait)
+            statuses = await request.app[CHANGES].wait(
+                leases.statuses, _set_etag, etag, wait, request.get(GONE)
+            )
     body = {
         "identity": leases.identity,
         "held": sum(1 for status in statuses if status.leader),
@@ -188,11 +203,14 @@ async def _stream_events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     statuses = leases.statuses()
+    gone = request.get(GONE)
     try:
         await response.write(b"".join(_sse(status) for status in statuses))
-        while True:
+        while gone is None or not gone.is_set():
             etag = _set_etag(statuses)
-            changed = await changes.wait(leases.statuses, _set_etag, etag, SSE_KEEPALIVE)
+            changed = await changes.wait(leases.statuses, _set_etag, etag, SSE_KEEPALIVE, gone)
+            if gone is not None and gone.is_set():
+                break
             if _set_etag(changed) == etag:
                 await response.write(b": keep-alive\n\n")
                 continue
@@ -210,6 +228,7 @@ def _sse(status: LeaderStatus) -> bytes:
 
 
 MAX_BODY = 4096  # a release or transfer body names a lease and an identity; nothing more
+MAX_BODY_DEPTH = 4  # an object of strings is 1 deep; the parser recurses once per level
 
 
 async def _small_json(request: web.Request) -> dict[str, Any] | web.Response:
@@ -224,8 +243,10 @@ async def _small_json(request: web.Request) -> dict[str, Any] | web.Response:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        body = bounded_json.loads(raw, MAX_BODY_DEPTH)
+    except bounded_json.TooDeep as exc:
+        return _error(400, f"the body must be a JSON object of strings; {exc}")
+    except ValueError:  # (UnicodeDecodeError included)
         return _error(400, "the body must be a JSON object")
     if not isinstance(body, dict) or not all(isinstance(value, str) for value in body.values()):
         return _error(400, 'the body must be a JSON object of strings, e.g. {"lease": "jobs-3"}')
@@ -345,7 +366,7 @@ def _base_app(
     app[LEASES] = leases
     app[SUPERVISOR] = supervisor or leases.supervisor
     app[CHANGES] = ChangeFeed(leases)
-    app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)
+    app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)  # (public: per peer too)
     app[EVENT_STREAMS] = Slots("event streams", limits.max_event_streams)
     app[SCRUB] = scrub
     app.cleanup_ctx.append(_follow_changes)
@@ -394,6 +415,11 @@ def create_public_app(
     what is down now (name → why; empty when healthy), for ``/healthz``."""
     app = _base_app(elector, limits, scrub, supervisor)
     app[HEALTH] = health
+    # Reachable from the whole cluster: one address may not hold every long-poll. (Not on
+    # localhost, where every client is 127.0.0.1: the app's own processes.)
+    app[LONG_POLLS] = Slots(
+        "long-polls", limits.max_long_polls, per_peer=limits.max_long_polls_per_peer
+    )
     app.router.add_get("/leader", get_leader)
     app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)

@@ -59,19 +59,35 @@ class ChangeFeed:
                 pass
 
     async def wait(
-        self, current: Callable[[], T], etag_of: Callable[[T], str], etag: str, timeout: float
+        self,
+        current: Callable[[], T],
+        etag_of: Callable[[T], str],
+        etag: str,
+        timeout: float,
+        gone: asyncio.Event | None = None,
     ) -> T:
-        """``current()`` once its ETag differs from ``etag``, or when ``timeout`` passes."""
+        """``current()`` once its ETag differs from ``etag``, or when ``timeout`` passes, or
+        as soon as ``gone`` is set (the client went away: its slot is free at once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             answer = current()
             remaining = deadline - loop.time()
-            if etag_of(answer) != etag or remaining <= 0:
+            if etag_of(answer) != etag or remaining <= 0 or (gone is not None and gone.is_set()):
                 return answer
             changed = self._changed
             try:
                 async with asyncio.timeout(remaining):
-                    await changed.wait()
+                    await (changed.wait() if gone is None else _either(changed, gone))
             except TimeoutError:
                 pass
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
+    """Until one of the two is set."""
+    waits = {asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()

@@ -386,6 +386,13 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "--max-long-polls-per-peer",
+        parse_positive_count,
+        "long-polls held for one client address on the public listener; the next gets a 503 "
+        "(default 8)",
+        "N",
+    ),
+    Option(
         "--max-event-streams",
         parse_positive_count,
         "GET /events streams per listener; the next gets a 503 (default 16)",
@@ -823,6 +830,9 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         limits=Limits(
             max_connections=values.get("max_connections", DEFAULT_LIMITS.max_connections),
             max_long_polls=values.get("max_long_polls", DEFAULT_LIMITS.max_long_polls),
+            max_long_polls_per_peer=values.get(
+                "max_long_polls_per_peer", DEFAULT_LIMITS.max_long_polls_per_peer
+            ),
             max_event_streams=values.get("max_event_streams", DEFAULT_LIMITS.max_event_streams),
             idle_timeout=values.get("idle_timeout", DEFAULT_LIMITS.idle_timeout),
         ),

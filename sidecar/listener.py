@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from sidecar.api import EVENT_STREAMS, LONG_POLLS
+from sidecar.api import EVENT_STREAMS, GONE, LONG_POLLS
 from sidecar.binding import Bound, bind_all
 from sidecar.config import HostPort
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits
@@ -131,6 +131,9 @@ class _Connection(asyncio.Protocol):
         self.made_at = float("inf")  # loop time of connecting
         self.idle_since = float("inf")  # loop time of connecting or of the last answer
         self.evicted = False
+        # Set when the client goes away: a handler holding its request (a long-poll) stops
+        # waiting and frees its slot (`sidecar.api`), instead of waiting out its ``wait=``.
+        self.gone = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.made = True
@@ -174,6 +177,7 @@ class _Connection(asyncio.Protocol):
         self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.gone.set()
         self.request_started()  # cancels the timer
         self._listener.connections.pop(self._transport, None)  # type: ignore[arg-type]
         if not self.evicted:  # an evicted one stopped counting when it was chosen
@@ -215,6 +219,7 @@ class Listener:
             "accept_errors": self.accept_errors,
             "long_polls": app[LONG_POLLS].in_use,
             "refused_long_polls": app[LONG_POLLS].refused,
+            "refused_long_polls_per_peer": app[LONG_POLLS].refused_per_peer,
             "event_streams": app[EVENT_STREAMS].in_use,
             "refused_event_streams": app[EVENT_STREAMS].refused,
         }
@@ -252,6 +257,7 @@ class Listener:
         if connection is None:
             return await handler(request)
         connection.request_started()
+        request[GONE] = connection.gone
         connection.busy = True
         try:
             return await handler(request)

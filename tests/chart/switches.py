@@ -148,6 +148,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
         "limits": {
             "maxConnections": 512,
             "maxLongPolls": "32",
+            "maxLongPollsPerPeer": 4,
             "maxEventStreams": 8,
             "idleTimeout": "5s",
         },

@@ -1,8 +1,11 @@
-"""A bounded fuzz run against two real sidecars: malformed requests, odd ``wait=`` values,
-header floods, garbage and cross-site release attempts, from eight connections at once on
-both listeners. Whatever arrives, the leader keeps leading under the same term, the other
-replica never leads, every request is answered or closed within seconds, and nothing is
-logged above debug level for it (issue 12)."""
+"""A bounded fuzz run against two real sidecars: malformed requests, odd ``wait=`` values on
+every long-poll path (``/leader``, ``/leader/{lease}``, ``/leases``), header floods, garbage,
+cross-site release attempts, bodies for ``/leader/release`` and ``/leader/transfer`` that are
+nested too deep, not JSON, not UTF-8 or name nobody, and long-polls whose client hangs up at
+once, from eight connections at once on both listeners. Whatever arrives, the leader keeps
+leading under the same term, the other replica never leads, every request is answered or
+closed within seconds, nothing is logged above debug level for it (issues 12 and 25), and
+afterwards no long-poll slot is left taken."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ MAX_REQUESTS = 4000
 
 
 def odd_wait(rng: random.Random) -> bytes:
+    path = rng.choice(["/leader", "/leader/default", "/leases"])
     value = rng.choice(
         [
             lambda: "1" + "+" * rng.randint(100, 7000) + "x",  # the quadratic pattern
@@ -38,7 +42,7 @@ def odd_wait(rng: random.Random) -> bytes:
             lambda: "".join(rng.choices("0123456789.+ msh%-_eE", k=rng.randint(1, 64))),
         ]
     )()
-    return raw_http.get(f"/leader?wait={value}", 'If-None-Match: "stale"')
+    return raw_http.get(f"{path}?wait={value}", 'If-None-Match: "stale"')
 
 
 def malformed(rng: random.Random) -> bytes:
@@ -81,6 +85,35 @@ def release_from_a_page(rng: random.Random) -> bytes:
     ).encode()
 
 
+def bad_body(rng: random.Random) -> bytes:
+    """A body the guard lets through (a program's headers) that must be refused before it
+    moves anything: no valid transfer or release is ever sent."""
+    depth = rng.randint(5, 3000)
+    body = rng.choice(
+        [
+            b"[" * depth + b"]" * depth,
+            b'{"to": ' + b"[" * depth + b"]" * depth + b"}",
+            b'{"to": ' * depth,
+            b'{"to": 5}',
+            b'{"to": ["any"]}',
+            b'{"to": "nobody-at-all"}',
+            b'{"to": "any", "lease": "no-such-lease"}',
+            rb'{"lease": "\u0000\u001b[2J"}',
+            b"\xff\xfe{}",
+            rng.randbytes(rng.randint(1, 4096)),
+            b"{" + b" " * 5000 + b"}",
+        ]
+    )
+    path = rng.choice(["/leader/transfer", "/leader/release"])
+    if path == "/leader/release" and body.startswith((b'{"to": "nobody', b'{"to": "any"')):
+        body = b"[" * depth  # a valid release would step down: only bad ones here
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"X-Leader-Sidecar: fuzz\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 KINDS: list[Callable[[random.Random], bytes]] = [
     odd_wait,
     odd_wait,
@@ -88,6 +121,8 @@ KINDS: list[Callable[[random.Random], bytes]] = [
     header_flood,
     garbage,
     release_from_a_page,
+    bad_body,
+    bad_body,
 ]
 
 
@@ -110,7 +145,18 @@ async def fire(address: str, request: bytes) -> str:
         writer.close()
 
 
-async def fuzz(leader: SidecarProcess, rng: random.Random) -> Counter[str]:
+async def hang_up(address: str, etag: str) -> str:
+    """A long-poll that would be held (the current ETag), its socket closed at once."""
+    try:
+        _, writer = await raw_http.connect(address)
+    except OSError:
+        return "refused"
+    writer.write(raw_http.get("/leases?wait=300", f"If-None-Match: {etag}"))
+    writer.close()
+    return "closed"
+
+
+async def fuzz(leader: SidecarProcess, rng: random.Random, etag: str) -> Counter[str]:
     outcomes: Counter[str] = Counter()
     deadline = time.monotonic() + SECONDS
     sent = 0
@@ -120,8 +166,11 @@ async def fuzz(leader: SidecarProcess, rng: random.Random) -> Counter[str]:
         local_rng = random.Random(seed)
         while time.monotonic() < deadline and sent < MAX_REQUESTS:
             sent += 1
-            kind = local_rng.choice(KINDS)
             address = local_rng.choice([leader.local, leader.public])
+            if local_rng.random() < 0.1:
+                outcomes[f"hang_up:{await hang_up(address, etag)}"] += 1
+                continue
+            kind = local_rng.choice(KINDS)
             outcomes[f"{kind.__name__}:{await fire(address, kind(local_rng))}"] += 1
 
     await asyncio.gather(*(worker(rng.randrange(2**32)) for _ in range(WORKERS)))
@@ -136,7 +185,8 @@ async def test_a_fuzzing_client_on_both_listeners_moves_nothing(tmp_path: Path) 
             leader = next(p for p in procs if p.name == before.name)
             other = next(p for p in procs if p is not leader)
             logged_before = len(leader.logs)
-            outcomes = await fuzz(leader, random.Random(SEED))
+            etag = (await raw_http.ask(leader.public, raw_http.get("/leases"))).headers["etag"]
+            outcomes = await fuzz(leader, random.Random(SEED), etag)
             after = await observer.leader(after=time.time())
 
             print(dict(sorted(outcomes.items())))
@@ -144,6 +194,16 @@ async def test_a_fuzzing_client_on_both_listeners_moves_nothing(tmp_path: Path) 
             assert not [k for k in outcomes if k.endswith((":hung", ":refused"))], outcomes
             assert not [k for k in outcomes if k.endswith(":500")], outcomes
             assert not [k for k in outcomes if k.startswith("release_from_a_page:200")]
+            assert not [k for k in outcomes if k.startswith("bad_body:2")], outcomes
+            assert outcomes["hang_up:closed"] > 10
+            # Every slot the hung-up long-polls held is free again: a new one is held.
+            await asyncio.sleep(0.5)
+            for address in (leader.local, leader.public):
+                reader, writer = await raw_http.connect(address)
+                writer.write(raw_http.get("/leases?wait=300", f"If-None-Match: {etag}"))
+                with pytest.raises(TimeoutError):
+                    await raw_http.read_head(reader, 1.0)
+                writer.close()
             assert (after.name, after.term) == (before.name, before.term)
             assert not [s for s in observer.samples if s.name == other.name and s.leader]
             logged = leader.logs[logged_before:]

@@ -164,6 +164,10 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: LEADER_SIDECAR_MAX_LONG_POLLS
   value: {{ . | toString | quote }}
 {{- end }}
+{{- with .maxLongPollsPerPeer }}
+- name: LEADER_SIDECAR_MAX_LONG_POLLS_PER_PEER
+  value: {{ . | toString | quote }}
+{{- end }}
 {{- with .maxEventStreams }}
 - name: LEADER_SIDECAR_MAX_EVENT_STREAMS
   value: {{ . | toString | quote }}
