@@ -4,25 +4,36 @@
 prints per lease the holder, term and age of the last renewal, and the candidates — the
 ``patronictl list`` of this tool. Ages come from the store's wall-clock stamps: information for
 humans, never a grant. ``transfer`` asks the local sidecar to hand its lease(s) over.
+
+Everything they print that came from outside — a store record, an answer, an error — goes
+through `terminal_text` (issue 25): a holder or identity carrying an escape sequence, CR/LF or
+bytes that are not UTF-8 reaches the operator's terminal escaped (``\\x1b``, ``\\xff``), never
+as a screen clear, a window title or a forged row.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sidecar import bounded_json
 from sidecar.backends.base import Candidate, LeaseRecord, StoreError
 from sidecar.config import OPTIONS, Config, ConfigError, Option, Parser, add_options, load
+from sidecar.redact import terminal_text
 from sidecar.release_guard import RELEASE_HEADER
 
 READ_CONCURRENCY = 32  # store reads in flight at once for a status of many leases
+MAX_ANSWER = 1024 * 1024  # bytes of a sidecar's answer `transfer` reads
+SHOWN = 200  # characters of an answer that is not what it should be, in the one-line error
 
 
 def _age(stamp: datetime | None, now: datetime) -> float | None:
@@ -110,17 +121,17 @@ def render_table(status: dict[str, Any]) -> str:
         return lines
 
     def text(value: object) -> str:
-        return "-" if value is None else str(value)
+        return "-" if value is None else terminal_text(value)
 
-    out = [f"store {status['store']}  group {status['group']}", ""]
+    out = [f"store {text(status['store'])}  group {text(status['group'])}", ""]
     out += table(
         ["LEASE", "HOLDER", "TERM", "STATE", "RENEWED (s ago)"],
         [
             [
-                row["lease"],
+                text(row["lease"]),
                 text(row["holder"]),
                 text(row["term"]),
-                row["state"],
+                text(row["state"]),
                 text(row["seconds_since_renewal"]),
             ]
             for row in status["leases"]
@@ -132,12 +143,12 @@ def render_table(status: dict[str, Any]) -> str:
             ["CANDIDATE", "HOLDS", "REVISION", "PRIORITY", "BEAT (s ago)", "NOTE"],
             [
                 [
-                    c["identity"],
+                    text(c["identity"]),
                     str(c["holds"]),
                     text(c["revision"]),
                     str(c["priority"]),
                     text(c["seconds_since_beat"]),
-                    _note(c),
+                    text(_note(c)),
                 ]
                 for c in status["candidates"]
             ],
@@ -238,12 +249,15 @@ def status_main(argv: Sequence[str]) -> int:
     try:
         config = load(flags)
     except ConfigError as exc:
-        print(f"leader-sidecar status: {exc}", file=sys.stderr)
+        print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
         return 2
     try:
         status = asyncio.run(gather_status(config))
     except (StoreError, TimeoutError, OSError) as exc:
-        print(f"leader-sidecar status: the store did not answer: {exc}", file=sys.stderr)
+        print(
+            f"leader-sidecar status: the store did not answer: {terminal_text(exc)}",
+            file=sys.stderr,
+        )
         return 1
     if parsed["output"] == "json":
         print(json.dumps(status, indent=2))
@@ -262,15 +276,59 @@ def transfer_main(argv: Sequence[str]) -> int:
         headers={"Content-Type": "application/json", RELEASE_HEADER: "transfer"},
         method="POST",
     )
+    shown_url = terminal_text(url)
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            answer = json.loads(response.read())
+        with _opener(url).open(request, timeout=10) as response:
+            raw = response.read(MAX_ANSWER)
     except urllib.error.HTTPError as exc:
-        detail = exc.read()[:2000].decode(errors="replace")
+        detail = _error_of(exc.read(MAX_ANSWER))
         print(f"leader-sidecar transfer: refused ({exc.code}): {detail}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"leader-sidecar transfer: cannot reach the sidecar at {url}: {exc}", file=sys.stderr)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(
+            f"leader-sidecar transfer: cannot reach the sidecar at {shown_url}: "
+            f"{terminal_text(exc)}",
+            file=sys.stderr,
+        )
         return 1
-    print(json.dumps(answer))
+    try:
+        answer = bounded_json.loads(raw, 8)
+    except ValueError:
+        print(
+            f"leader-sidecar transfer: the answer from {shown_url} is not JSON "
+            f"(is --url the sidecar's localhost API?): {_shown(raw)}",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(answer))  # (ASCII: every control character escaped)
     return 0
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """No proxy for a loopback address: the sidecar listens on the pod's own loopback, and
+    ``http_proxy`` (set for the app's outbound traffic) would send the request elsewhere."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
+def _error_of(raw: bytes) -> str:
+    """A refusal's reason: the sidecar's ``{"error": ...}``, else the start of the answer;
+    one line, escaped."""
+    try:
+        answer = bounded_json.loads(raw, 8)
+    except ValueError:
+        return _shown(raw)
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return terminal_text(answer["error"])[:2000]
+    return _shown(raw)
+
+
+def _shown(raw: bytes) -> str:
+    text = terminal_text(raw.decode("utf-8", "surrogateescape"))
+    return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."

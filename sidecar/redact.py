@@ -16,14 +16,30 @@ HIDDEN = "***"
 # Variable names whose values are treated as secrets, misspelt ones included (PASSWROD).
 _SECRET_NAME = re.compile(r"PASS|PWD|TOKEN|SECRET|CRED|AUTH", re.IGNORECASE)
 MIN_SECRET_CHARS = 4  # shorter values would blank out unrelated text everywhere
-# C0, DEL, C1 and the Unicode line and paragraph separators.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# C0, DEL, C1, the Unicode line and paragraph separators, and the invisible format characters
+# that reorder or hide text on a terminal (bidirectional overrides and isolates, zero-width
+# characters, the byte-order mark): a forged table row needs nothing more.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]"
+)
 
 
 def printable(text: str) -> str:
-    """Control characters as escapes (``\\n``, ``\\x1b``, ``\\u2028``): one line, no terminal
-    tricks. Everything else is kept as is."""
+    """Control characters as escapes (``\\n``, ``\\x1b``, ``\\u2028``, ``\\u202e``): one line, no
+    terminal tricks. Everything else is kept as is."""
     return _CONTROL.sub(_escape, text)
+
+
+def terminal_text(value: object) -> str:
+    """``value`` as text safe for an operator's terminal: control characters escaped (see
+    `printable`), and bytes that were not UTF-8 (decoded with ``surrogateescape``, or any lone
+    surrogate) as ``\\xff`` escapes instead of raw bytes."""
+    text = str(value)
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate surrogateescape did not make
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return printable(text)
 
 
 def _escape(match: re.Match[str]) -> str:
