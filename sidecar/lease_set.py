@@ -573,13 +573,35 @@ class LeaseSet:
         if self.beat is not None and not removal:
             await self.beat.remove(max(0.01, min(0.2, deadline - loop.time())))
         await asyncio.gather(*removal, return_exceptions=True)
-        if not held and len(self.electors) == 1 and self.primary.store.hands_over:
-            # A leader that chose this replica a moment before it could know it was leaving
-            # (the removal above tells it) may still hand it the lease. Look once, a little
-            # later, and release what was handed: free at once instead of waited out.
-            await asyncio.sleep(max(0.0, min(LATE_HAND_OVER, deadline - loop.time() - 0.1)))
-            await self.primary.give_back_handed(max(0.01, deadline - loop.time()))
+        await self._give_back_late_hand_overs(bool(held), deadline)
         return bool(released)
+
+    async def _give_back_late_hand_overs(self, held: bool, deadline: float) -> None:
+        """A leader that chose this replica a moment before it could know it was leaving (the
+        removal above tells it) may still hand it a lease. Look once, a little later, and
+        release what was handed: free at once instead of waited out. With one lease, only if
+        this replica did not hold it (it has just handed it on). With several, every lease
+        another replica held as last seen (only a holder hands over): one read each, as at
+        start-up, a bounded number at once (the watches have stopped with the electors)."""
+        if not self.primary.store.hands_over or (held and len(self.electors) == 1):
+            return
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, min(LATE_HAND_OVER, deadline - loop.time() - 0.1)))
+        if len(self.electors) == 1:
+            looked_at = [self.primary]
+        else:
+            looked_at = [
+                elector
+                for elector in self.electors.values()
+                if elector.status().holder not in (None, self.identity)
+            ]
+        limit = asyncio.Semaphore(HANDOVER_CONCURRENCY)
+
+        async def look(elector: Elector) -> None:
+            async with limit:
+                await elector.give_back_handed(max(0.01, deadline - loop.time()))
+
+        await asyncio.gather(*(look(elector) for elector in looked_at))
 
     def _successors(self, leases: list[str]) -> dict[str, str]:
         """Per lease, the best live successor: higher priority, then another revision (the

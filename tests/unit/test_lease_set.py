@@ -442,6 +442,43 @@ async def test_a_replica_that_leaves_gives_back_a_lease_handed_to_it_too_late(
     assert cluster.violations == []
 
 
+async def test_with_several_leases_a_replica_that_leaves_gives_back_one_handed_too_late(
+    cluster_of,
+) -> None:
+    """The same with four shards: b hands its own shards over on shutdown, and then a, which
+    decided before it heard b leave, hands b one of its shards. b looks once more (50 ms
+    later) and gives it back: the shard is free for anyone at once (released), not held in
+    the name of a replica that is gone, which the others would wait out for a lease."""
+    cluster = cluster_of(4)
+    a = await cluster.start("a")
+    b = await cluster.start("b")
+    await cluster.start("c")
+    await cluster.until(
+        lambda: sorted(cluster.held().values()) in ([1, 1, 2], [0, 2, 2]), 4, "spread"
+    )
+    await cluster.until(lambda: len(a.candidates()) == 3 and a.held(), 2, "a sees three, holds one")
+    assert a.beat is not None
+    chosen_by = a.beat.view.version_of("b_0000")
+    assert chosen_by is not None
+    lease = a.held()[0]
+    b.stop()
+    leaving = asyncio.create_task(b.shutdown("shutdown", 0.5))
+    await cluster.until(lambda: not b.held(), 0.3, "b handed its own shards over")
+    await asyncio.sleep(0.01)
+    assert not leaving.done(), "b did not look out for a late hand-over"
+    assert await a.get(lease).release("released", successor="b_0000", handed=chosen_by)
+    await leaving
+    await asyncio.gather(cluster.tasks.pop("b"), return_exceptions=True)
+    del cluster.sets["b"]
+    record = cluster.server.state(lease).record()
+    assert record is not None
+    assert (record.holder, record.released) == (None, True)
+    await cluster.until(
+        lambda: any(s.get(lease).is_leader() for s in cluster.sets.values()), 3, "taken"
+    )
+    assert cluster.violations == []
+
+
 async def test_a_rolling_update_moves_each_shard_once(cluster_of) -> None:
     """Two old replicas (v1) hold 4 shards each; two new ones (v2) join, then the old ones
     stop one by one (a Deployment's rolling update). The new replicas get nothing while
