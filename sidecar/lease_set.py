@@ -148,11 +148,18 @@ class LeaseSet:
         names = list(names)
         me = Candidate(identity, "", revision, priority, False, clock.wall())
         # Several leases: the balancer needs to know within about a lease who is alive, so
-        # beat every renew interval. One lease: the candidates only steer a hand-over (which
-        # refreshes them first), so beat every half lease and judge alive over 1.5 leases —
-        # the store's load stays near a lone leader's.
+        # beat every renew interval. One lease: the candidates only steer a hand-over, so beat
+        # less and judge alive over 1.5 leases — yet often enough that the beat a hand-over
+        # names leaves the successor a lease to lead on (`Timing.handed_reach`) even when it
+        # comes late: at most every half reach (a third of the lease by default), so a beat
+        # may come that much late (a loaded machine, a failed request) before the successor
+        # must write a grant of its own, a round trip and a term more.
         several = len(names) > 1
-        interval = timing.renew_interval if several else timing.lease_duration / 2
+        interval = (
+            timing.renew_interval
+            if several
+            else min(timing.lease_duration / 2, timing.handed_reach / 2)
+        )
         alive_for = timing.lease_duration if several else 1.5 * timing.lease_duration
         view = CandidateView(me, alive_for)
         electors: dict[str, Elector] = {}
@@ -185,8 +192,10 @@ class LeaseSet:
             clock=clock,
             on_change=lease_set._candidates_changed,
             needs_list=lambda: several or bool(lease_set.held()),
-            # A version read now was written up to a beat ago (every replica beats alike).
-            versions_fresh_for=timing.handed_reach - interval,
+            # A version read now was written up to a beat ago (every replica beats alike), and
+            # the hand-over reaches the successor a little later still: half a beat of the
+            # reach is left for that and for a beat that comes late.
+            versions_fresh_for=max(0.0, timing.handed_reach - 1.5 * interval),
             count=lease_set.primary.metrics.store_request,
             on_bad=lambda bad: lease_set.primary.metrics.bad_record(
                 "candidate", bad, identity=bad.identity, group=group

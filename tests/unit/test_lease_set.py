@@ -50,7 +50,8 @@ def how_it_led(caplog: pytest.LogCaptureFixture, identity: str) -> list[str]:
 
 
 class Cluster:
-    def __init__(self, leases: int) -> None:
+    def __init__(self, leases: int, timing: Timing = TIMING) -> None:
+        self.timing = timing
         self.server = MemoryServer()
         self.names = [f"jobs-{i}" for i in range(leases)]
         self.sets: dict[str, LeaseSet] = {}
@@ -69,10 +70,10 @@ class Cluster:
         lease_set = LeaseSet.open(
             MemoryStoreClient(self.server),
             [(n, n) for n in self.names],
-            TIMING,
+            self.timing,
             f"{name}_0000",
             group="jobs",
-            registry_metrics=lambda lease: Metrics(registry, lease, TIMING.lease_duration),
+            registry_metrics=lambda lease: Metrics(registry, lease, self.timing.lease_duration),
             revision=revision,
             priority=priority,
             stand_back=0.3,
@@ -167,8 +168,8 @@ class Cluster:
 async def cluster_of() -> AsyncIterator:
     made: list[Cluster] = []
 
-    def make(leases: int) -> Cluster:
-        made.append(Cluster(leases))
+    def make(leases: int, timing: Timing = TIMING) -> Cluster:
+        made.append(Cluster(leases, timing))
         return made[-1]
 
     yield make
@@ -395,7 +396,7 @@ async def test_a_hand_over_reads_first_when_the_versions_it_would_name_are_too_o
     await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
     await cluster.start("b")
     assert a.beat is not None
-    a.beat.interval = 3600.0  # a reads the group no more on its own; b beats every half lease
+    a.beat.interval = 3600.0  # a reads the group no more on its own
     await asyncio.sleep(0.5 + TIMING.handed_reach + 0.2)  # a's last read is older than that
     assert a.beat.current()  # the stream has reported nothing a read since has not shown
     assert not a.beat.versions_fresh()
@@ -407,6 +408,56 @@ async def test_a_hand_over_reads_first_when_the_versions_it_would_name_are_too_o
     assert reads() == 1
     assert how_it_led(caplog, "b_0000") == ["handed"]
     assert cluster.sets["b"].primary.status().term == term + 1
+    assert cluster.violations == []
+
+
+async def test_a_successor_whose_beat_comes_late_still_leads_on_the_hand_over(
+    cluster_of, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One lease at the default timing of a 1 s lease (renew every third, requests 1/6 s).
+    The leader names the successor's version from its last read (the memory store, like
+    Redis, streams no beats), that read as old as the leader lets it be before reading again,
+    made just before the successor's next beat, which came 0.1 s late (a loaded machine).
+    With a beat every half lease and reads trusted until the reach less a beat, that version
+    was past the 0.66 s reach by the time the hand-over arrived, and the successor had to
+    write a grant of its own, a term more. Now it leads on the hand-over: the next term."""
+    late = 0.1
+    timing = Timing.build(1.0)
+    cluster = cluster_of(1, timing)
+    a = await cluster.start("a")
+    await cluster.until(lambda: cluster.held() == {"a": 1}, 3, "a leads")
+    b = await cluster.start("b")
+    await cluster.until(lambda: len(a.candidates()) == 2, 2, "a sees b")
+    assert a.beat is not None
+    assert b.beat is not None
+    a.beat.interval = 3600.0  # a reads the group only when the test says (or before handing)
+    every = b.beat.interval
+    write = b.beat.registry.beat
+    landed = asyncio.Event()
+
+    async def late_after_this_one(candidate: Candidate, duration: float) -> None:
+        await write(candidate, duration)
+        if not landed.is_set():
+            assert b.beat is not None
+            b.beat.interval = every + late  # the wait for the next beat starts after this
+            landed.set()
+
+    loop = asyncio.get_running_loop()
+    b.beat.registry.beat = late_after_this_one  # type: ignore[method-assign]
+    await asyncio.wait_for(landed.wait(), 2)
+    sent = loop.time()
+    await asyncio.sleep(every + late - 0.02)  # just before the late beat
+    b.beat.interval = every
+    await a.beat.refresh(timing.request_timeout)
+    await asyncio.sleep(max(0.0, a.beat.versions_fresh_for - 0.02))
+    assert a.beat.versions_fresh()  # so the hand-over names the version of that read
+    term = a.primary.status().term
+    caplog.set_level("INFO", logger="sidecar.elector")
+    await cluster.stop("a")
+    age = loop.time() - sent
+    await cluster.until(lambda: cluster.held().get("b") == 1, 1, "b leads")
+    assert how_it_led(caplog, "b_0000") == ["handed"], f"named a beat {age:.3f}s old"
+    assert b.primary.status().term == term + 1
     assert cluster.violations == []
 
 
