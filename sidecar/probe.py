@@ -63,7 +63,7 @@ class StoreProbe:
         self._task: asyncio.Task[None] | None = None
         # How the probe's task is started: under the sidecar's supervisor (`sidecar.supervisor`),
         # or a plain task (tests).
-        self._spawn = spawn or (lambda name, work: asyncio.create_task(work(), name=name))
+        self._spawn = spawn or _plain_task
 
     def on_back(self, listener: Callable[[], None]) -> None:
         """``listener`` is called (synchronously, must not block) when the store answers again
@@ -167,3 +167,12 @@ class StoreProbe:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+def _plain_task(name: str, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    """The probe's task outside a supervisor (tests)."""
+
+    async def run() -> None:
+        await work()
+
+    return asyncio.create_task(run(), name=name)

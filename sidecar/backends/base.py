@@ -53,6 +53,7 @@ timeout; the elector wraps each call in its own deadline as well.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -310,7 +311,7 @@ class CandidateRegistry(Protocol):
         """Remove ``identity``'s record (a graceful exit). Raises `StoreUnavailable`."""
         ...
 
-    def changes(self) -> AsyncIterator[list[Candidate] | None]:
+    def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         """The group's changes as they happen, until cancelled: a replica joined, left, or
         changed its revision, priority or leaving mark. ``None``: read the records (yielded
         first, and again whenever the stream reconnects); a list: every record as it is now.

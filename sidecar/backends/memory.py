@@ -5,6 +5,7 @@ injectable so unit tests can move time by hand."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
@@ -269,7 +270,7 @@ class MemoryCandidates:
         if self.server.groups.get(self.group, {}).pop(identity, None) is not None:
             self._announce()
 
-    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+    async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         notices: asyncio.Queue[None] = asyncio.Queue()
         followers = self.server.followers.setdefault(self.group, set())
         followers.add(notices)
@@ -277,7 +278,8 @@ class MemoryCandidates:
         try:
             yield None
             while True:
-                yield await notices.get()
+                await notices.get()
+                yield None
         finally:
             self._following -= 1
             followers.discard(notices)

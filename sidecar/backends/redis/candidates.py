@@ -12,6 +12,7 @@ that follows the group need not read it again before it hands a lease over."""
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -78,7 +79,7 @@ class RedisCandidates:
 
         await self.client.guarded(work, self._key)
 
-    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+    async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         """A notice per message on the group's channel, and per (re)subscription: the hub
         shares its one pub/sub connection with the leases."""
         mailbox = self.client.hub.join(self._channel)

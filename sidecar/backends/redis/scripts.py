@@ -60,10 +60,12 @@ def candidates_channel(group: str) -> str:
 # the record's own version, else a digest of the stored text — so that a record that cannot
 # be read is still taken over conditionally, on that version (`value_record` computes the
 # same in Python). A new term past MAX_TERM is never written: the script answers 2.
-_HELPERS = f"""
+_HELPERS = (
+    f"""
 local MAX_TERM = {MAX_TERM}
 local MAX_VERSION = {MAX_VERSION_BYTES}
-""" + """
+"""
+    + """
 local function text_ok(value)
   return value == nil or (type(value) == 'string' and #value <= 1024
                           and not string.find(value, '%c'))
@@ -105,6 +107,7 @@ local function version_of(current, counter)
   return ''
 end
 """
+)
 
 # Acquire.
 # KEYS[1] holder key, KEYS[2] term counter.
@@ -151,7 +154,9 @@ return {1, value, counted}
 # Publishes every write, so followers see each new version at once.
 # Returns {1, new value, counter} or {0, current value | false, counter | false}.
 # A value that cannot be read is nobody's to renew or put back: it changes nothing.
-_RENEW_ONE = _HELPERS + """
+_RENEW_ONE = (
+    _HELPERS
+    + """
 local function renew_one(hkey, tkey, identity, term, duration_ms, wall, channel, version, gc_ms)
   local current = redis.call('GET', hkey)
   local counter = redis.call('GET', tkey)
@@ -189,6 +194,7 @@ local function renew_one(hkey, tkey, identity, term, duration_ms, wall, channel,
   return {1, value, counter}
 end
 """
+)
 
 # Renew one lease.
 # KEYS[1] holder key, KEYS[2] term counter.
@@ -237,7 +243,9 @@ return replies
 # Only while the key holds this identity AND this term; the new term is max(counter, held
 # term, min_term) + 1, as in a grant. Publishes the new value: the successor leads on it.
 # Returns {1, new value, term} or {0, current value | nil, counter | nil}.
-HAND_OVER = _HELPERS + """
+HAND_OVER = (
+    _HELPERS
+    + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
 local held = decoded(current)
@@ -260,6 +268,7 @@ if held and held.holder == ARGV[1] and tonumber(held.term) == tonumber(ARGV[2]) 
 end
 return {0, current, counter}
 """
+)
 
 # Release.
 # KEYS[1] holder key, KEYS[2] term counter.
@@ -271,7 +280,9 @@ return {0, current, counter}
 # rides on the released record only (a preference; the record is free for anyone); every
 # grant writes a fresh value without it, which clears it.
 # Returns {1, released value, counter} or {0, current value | nil, counter | nil}.
-RELEASE = _HELPERS + """
+RELEASE = (
+    _HELPERS
+    + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
 local held = decoded(current)
@@ -291,13 +302,16 @@ if held then
 end
 return {0, current, counter}
 """
+)
 
 # Mark a loss (a follower saw the store hold nothing where it had shown a term).
 # KEYS[1] holder key, KEYS[2] term counter. ARGV[1] the term seen, ARGV[2] event channel.
 # Only while there is no holder key and the counter is below the term: raises the counter to
 # it, which is the marker — the "absent.<counter>" record above — and publishes it.
 # Returns {1, nil, counter} or {0, current value | nil, counter | nil}.
-MARK_LOST = _HELPERS + """
+MARK_LOST = (
+    _HELPERS
+    + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
 if current or term_of(counter) >= tonumber(ARGV[1]) then
@@ -308,6 +322,7 @@ redis.call('SET', KEYS[2], counter)
 redis.call('PUBLISH', ARGV[2], cjson.encode({lost = true, term = tonumber(counter)}))
 return {1, false, counter}
 """
+)
 
 # Read.
 # KEYS[1] holder key, KEYS[2] term counter. No ARGV.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -79,11 +80,11 @@ class SQLiteCandidates:
 
         await self.client.connection.run(leave)
 
-    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+    async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         """Not followed: the file has no notifications, and polling the group as often as
         the leases would double the poller's work for a read saved at each hand-over."""
         return
-        yield
+        yield  # type: ignore[unreachable]  # an async generator that yields nothing
 
     def following(self) -> bool:
         return False
