@@ -183,7 +183,13 @@ class Elector:
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
         self._lock = asyncio.Lock()  # one store mutation at a time
-        self._wake = asyncio.Event()
+        # Tells the scheduler this elector runs on (`sidecar.schedule`) that it may be due
+        # sooner than it was: a watch event, a poke, a stop.
+        self.wake_scheduler: Callable[[], None] = lambda: None
+        # True while the next attempt is a leader's renewal on its usual beat (after a grant or
+        # a renewal), not a retry: only such a renewal may go early to join a batch (a retry
+        # may be waiting for the store's Retry-After).
+        self._on_beat = False
         self._changed = asyncio.Event()
         self._published_etag = ""
         self._transition_listeners: list[Callable[[Transition], None]] = []
@@ -297,26 +303,33 @@ class Elector:
     # -- the loop -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Acquire, renew and follow the watch until cancelled."""
+        """Acquire, renew and follow the watch until `stop` (or cancelled): this elector alone
+        on a scheduler of its own. A sidecar runs all its electors on one (`LeaseSet`)."""
+        from sidecar.schedule import Scheduler
+
+        await Scheduler([self], clock=self._clock).run()
+
+    def start_watch(self) -> asyncio.Task[None]:
+        """Follow the store's watch (restarted by the supervisor if it fails); the scheduler
+        starts it and cancels it when it ends."""
         self._loop = asyncio.get_running_loop()
-        watch = self._supervisor.spawn("lease-watch", self._follow_watch)
-        try:
-            while not self._stopping:
-                self._wake.clear()
-                now = self._clock.now()
-                self._tick(now)
-                if now >= self._next_attempt:
-                    await self.step()
-                    continue
-                wake_at = min([self._next_attempt, *self._timers()])
-                try:
-                    async with asyncio.timeout(max(0.0, wake_at - now)):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
-        finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        return self._supervisor.spawn("lease-watch", self._follow_watch)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def wake_at(self) -> float:
+        """When the scheduler must next look at this elector: its next attempt, or a timer."""
+        return min([self._next_attempt, *self._timers()])
+
+    def due(self, now: float) -> bool:
+        return now >= self._next_attempt
+
+    def renews_by(self, horizon: float) -> bool:
+        """Leading, with a renewal on its usual beat due by ``horizon``: it may go now with a
+        batch instead (renewing early only moves the next deadline earlier)."""
+        return self._role is Role.LEADER and self._on_beat and self._next_attempt <= horizon
 
     def stop(self) -> None:
         """Make `run` return at its next turn, and no new step start. Shutdown calls this
@@ -324,7 +337,16 @@ class Elector:
         can surface as that timeout, which the loop tolerates as a store error and goes on
         renewing — a sidecar that would never finish its SIGTERM."""
         self._stopping = True
-        self._wake.set()
+        self.wake_scheduler()
+
+    def timers(self) -> list[float]:
+        """See `_timers`."""
+        return self._timers()
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by whatever mutates the lease at the store: a step, a batch, a release."""
+        return self._lock
 
     def _timers(self) -> list[float]:
         """Moments the loop must wake for even without a store call: the deadline, and the
@@ -335,6 +357,10 @@ class Elector:
         if not self._gap_alerted:
             timers.append(self._last_renewal_sent + self.timing.lease_duration / 2)
         return timers
+
+    def tick(self, now: float) -> None:
+        """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
+        self._tick(now)
 
     def _tick(self, now: float) -> None:
         """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
@@ -406,25 +432,34 @@ class Elector:
                 lambda: self.store.renew(self.identity, self._term, self.timing.lease_duration),
                 budget,
             )
-        except NotOwned as lost:
-            self._observe(lost.record)
-            self._demote("lost")
-            return self._follower_delay()
         except StoreError as failed:
-            # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
-            # (another write raced ours; the store re-read a record that is still ours) is
-            # retried at once: waiting a retry period could cost the deadline for nothing.
-            now = self._clock.now()
-            self._check_growing_gap(now)
-            if now >= self._valid_until:
-                self._demote("deadline")
-                return self._retry_delay()
-            if isinstance(failed, Conflict):
-                self._observe(failed.record)
-                return min(self._herd_jitter(), self._valid_until - now)
-            return self._renewal_retry(now, failed)
+            return self._renewal_failed(failed)
         finally:
             alarm.cancel()
+        return self._renewal_answered(sent, record)
+
+    def _renewal_failed(self, failed: StoreError) -> float:
+        """A renewal (alone or in a batch) that did not renew: the delay until the next step."""
+        self._on_beat = False
+        if isinstance(failed, NotOwned):
+            self._observe(failed.record)
+            self._demote("lost")
+            return self._follower_delay()
+        # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
+        # (another write raced ours; the store re-read a record that is still ours) is
+        # retried at once: waiting a retry period could cost the deadline for nothing.
+        now = self._clock.now()
+        self._check_growing_gap(now)
+        if now >= self._valid_until:
+            self._demote("deadline")
+            return self._retry_delay()
+        if isinstance(failed, Conflict):
+            self._observe(failed.record)
+            return min(self._herd_jitter(), self._valid_until - now)
+        return self._renewal_retry(now, failed)
+
+    def _renewal_answered(self, sent: float, record: LeaseRecord) -> float:
+        """A renewal sent at ``sent`` (alone or in a batch) that the store confirmed."""
         if self._clock.now() >= self._valid_until:
             # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
             # leading for real; the next step re-acquires under a new term.
@@ -432,7 +467,56 @@ class Elector:
             self._demote("deadline")
             return 0.0
         self._renewed(sent, record)
+        self._on_beat = True
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
+
+    # -- a renewal in a batch (`sidecar.schedule`): the lock is the scheduler's ---------------
+
+    def begin_renewal(self, now: float) -> int | None:
+        """Step 1 of `step` for a lease about to join a batch, its lock held by the caller: a
+        leader past its deadline demotes (rule 3) and stays out. Returns the term to renew
+        under, or None when not leading."""
+        self._watch_asked = float("inf")
+        if self._role is Role.LEADER and now >= self._valid_until:
+            self._demote("deadline")
+        return self._term if self._role is Role.LEADER else None
+
+    def finish_renewal(
+        self, sent: float, term: int, outcome: LeaseRecord | StoreError, *, answered: bool
+    ) -> None:
+        """Apply this lease's outcome of a batch sent at ``sent`` exactly as a renewal of its
+        own is applied (rules 1 and 3): renewed (its deadline counted from ``sent``), not
+        owned (demoted as lost), a conflict or the store unavailable (retried while the
+        deadline is ahead). ``answered``: the store answered the batch (this entry may still
+        be an error of its own); otherwise ``outcome`` is why nothing is known of any."""
+        now = self._clock.now()
+        if answered:
+            self._last_store_answer = now
+            if self._probe is not None:
+                self._probe.answered()
+        if isinstance(outcome, StoreUnavailable):
+            self._last_error = str(outcome)
+            if not answered and self._probe is not None:
+                self._probe.refused(outcome)
+        if self._role is not Role.LEADER or self._term != term:
+            # Demoted while the batch was out (its deadline passed, the watch saw another
+            # grant): the answer is only an observation. A grant renewed after the deadline
+            # shows our name and is taken back under a new term (rule 5).
+            if isinstance(outcome, LeaseRecord):
+                self._observe(outcome)
+            elif isinstance(outcome, (NotOwned, Conflict)):
+                self._observe(outcome.record)
+            else:
+                self._view.lost_sight()
+            delay = self._follower_delay()
+        elif isinstance(outcome, StoreError):
+            delay = self._renewal_failed(outcome)
+        else:
+            delay = self._renewal_answered(sent, outcome)
+        if self._loss_to_write_down() is not None:
+            delay = 0.0  # step 4 of `step`: the next step writes it down
+        now = self._clock.now()
+        self._next_attempt = min(now + delay, max(now, self._watch_asked))
 
     def _renewal_retry(self, now: float, failed: StoreError) -> float:
         """When a leader whose renewal failed tries again: a retry period on, or later if the
@@ -748,6 +832,7 @@ class Elector:
         for the renewal gaps; its deadline comes as ``valid_until``)."""
         previous = self._last_other_holder
         self._term = record.term
+        self._on_beat = True
         self._last_renewal_sent = sent
         self._gap_alerted = False
         self._role_since = self._clock.wall()
@@ -924,7 +1009,7 @@ class Elector:
     def _ask_for_attempt(self, at: float) -> None:
         self._next_attempt = at
         self._watch_asked = min(self._watch_asked, at)
-        self._wake.set()
+        self.wake_scheduler()
 
     # -- timing -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from sidecar.backends.base import Candidate, StoreClient
+from sidecar.backends.base import Candidate, RenewsMany, StoreClient
 from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -28,6 +28,7 @@ from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
 from sidecar.probe import StoreProbe
+from sidecar.schedule import Batching, Scheduler
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.leases")
@@ -95,6 +96,10 @@ class LeaseSet:
         self._mix: tuple[tuple[str, str], ...] = ()  # live candidates and their revisions
         self._mix_changed = float("-inf")
         self.probe: StoreProbe | None = None  # `open` or `run` sets it (`_share_probe`)
+        # Renewals in one request per round where the store can (`open` sets it): never for
+        # one lease, whose sidecar renews exactly as before batching.
+        self.batching: Batching | None = None
+        self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -183,6 +188,9 @@ class LeaseSet:
                 supervisor=lease_set.supervisor,
             )
             electors[shown].on_change(lease_set._note_change)
+        if several and isinstance(client, RenewsMany):
+            by_name = dict(zip(electors.values(), (name for name, _ in names), strict=True))
+            lease_set.batching = Batching(client, by_name, lease_set.primary.metrics.store_request)
         lease_set.beat = CandidateBeat(
             client.candidates(group),
             view,
@@ -269,15 +277,15 @@ class LeaseSet:
                     await self.beat.once()
 
     async def run(self) -> None:
-        """Every elector, the candidate beat and the balancer; returns when stopped, raises
-        if an elector's loop fails."""
+        """Every elector on one scheduler, the candidate beat and the balancer; returns when
+        stopped, raises if an elector's step fails (a bug)."""
         self._loop = asyncio.get_running_loop()
         if self.probe is None:
             self._share_probe()
-        tasks = [
-            asyncio.create_task(elector.run(), name=f"election {name}")
-            for name, elector in self.electors.items()
-        ]
+        self.scheduler = Scheduler(
+            self.electors.values(), clock=self._clock, batching=self.batching
+        )
+        self.scheduler.begin()  # the first attempts go before the helpers' first requests
         helpers = []
         if self.beat is not None:
             helpers.append(self.supervisor.spawn("candidates", self.beat.run))
@@ -285,14 +293,11 @@ class LeaseSet:
             if len(self.electors) > 1:
                 helpers.append(self.supervisor.spawn("balance", self._balance))
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            await self.scheduler.run()
         finally:
-            for task in [*tasks, *helpers]:
+            for task in helpers:
                 task.cancel()
-            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            await asyncio.gather(*helpers, return_exceptions=True)
             if self.probe is not None:
                 await self.probe.close()
 
