@@ -177,7 +177,7 @@ class Scheduler:
                 batched = set(leaders)
                 steps = [e for e in due if e not in batched]
                 for batch in self._batches(leaders):
-                    self._start(self._renew(batch), batch)
+                    self._start(self.renew(batch), batch)
         for elector in steps:
             self._start(elector.step(), [elector])
 
@@ -224,7 +224,7 @@ class Scheduler:
 
     # -- a batch of renewals ----------------------------------------------------------------
 
-    async def _renew(self, electors: list[Elector]) -> None:
+    async def renew(self, electors: list[Elector]) -> None:
         """Renew ``electors`` in one request: each lease's lock is held from before the send
         until its outcome is applied, as for a renewal of its own."""
         assert self._batching is not None
