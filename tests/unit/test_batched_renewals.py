@@ -194,7 +194,8 @@ async def test_a_batch_sent_after_a_leases_deadline_leaves_that_lease_out(rig: R
         )
         == 1
     )
-    assert a1.is_leader() and a2.is_leader()
+    assert a1.is_leader()
+    assert a2.is_leader()
 
 
 async def test_a_partial_failure_of_the_store_is_per_lease(rig: Rig) -> None:
