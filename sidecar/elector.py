@@ -344,6 +344,10 @@ class Elector:
         return self._timers()
 
     @property
+    def probe(self) -> StoreProbe | None:
+        return self._probe
+
+    @property
     def lock(self) -> asyncio.Lock:
         """Held by whatever mutates the lease at the store: a step, a batch, a release."""
         return self._lock
@@ -488,16 +492,12 @@ class Elector:
         own is applied (rules 1 and 3): renewed (its deadline counted from ``sent``), not
         owned (demoted as lost), a conflict or the store unavailable (retried while the
         deadline is ahead). ``answered``: the store answered the batch (this entry may still
-        be an error of its own); otherwise ``outcome`` is why nothing is known of any."""
-        now = self._clock.now()
+        be an error of its own); otherwise ``outcome`` is why nothing is known of any. The
+        store probe hears of the batch once, from the scheduler."""
         if answered:
-            self._last_store_answer = now
-            if self._probe is not None:
-                self._probe.answered()
+            self._last_store_answer = self._clock.now()
         if isinstance(outcome, StoreUnavailable):
             self._last_error = str(outcome)
-            if not answered and self._probe is not None:
-                self._probe.refused(outcome)
         if self._role is not Role.LEADER or self._term != term:
             # Demoted while the batch was out (its deadline passed, the watch saw another
             # grant): the answer is only an observation. A grant renewed after the deadline

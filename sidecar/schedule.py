@@ -243,15 +243,23 @@ class Scheduler:
             ]
             sent = self._clock.now()  # rule 3: every deadline counts from here
             outcomes: Sequence[RenewalOutcome]
-            answered = True
+            failure: StoreError | None = None
             try:
                 outcomes = await self._send(renewals, members[0][0].timing.request_timeout)
             except StoreError as failed:
+                failure = failed
                 outcomes = [failed] * len(members)
-                answered = False
+            # The store answered (an entry's own error says nothing of the others), or nothing
+            # is known: the sidecar's one probe hears it once.
+            probe = members[0][0].probe
+            if probe is not None:
+                if failure is None:
+                    probe.answered()
+                else:
+                    probe.refused(failure)
             # One pass over the batch: each lease's outcome, as its own renewal's.
             for (elector, term), outcome in zip(members, outcomes, strict=True):
-                elector.finish_renewal(sent, term, outcome, answered=answered)
+                elector.finish_renewal(sent, term, outcome, answered=failure is None)
         finally:
             for elector in held:
                 elector.lock.release()
