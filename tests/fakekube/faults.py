@@ -14,6 +14,10 @@
   every n-th matching request.
 * ``end_watches``: every watch request (``end_watches_match`` narrows it) is answered ``200``
   with an empty body at once, as a proxy or load balancer that closes long streams does.
+* ``expire_watches``: every watch request that resumes from a resourceVersion
+  (``expire_watches_match`` narrows it) is answered ``200`` with the ``410 Expired`` ``ERROR``
+  event at once, as the real server answers a resourceVersion older than its history: a
+  client that keeps resuming from versions the server has compacted.
 * ``redirect``: ``{"location": URL, "status": 307, "match": {...}}`` answers matching requests
   with that redirect (302, 307 or 308) before anything else, as a misrouted load balancer
   would; the location gets the request's path and query appended.
@@ -118,13 +122,16 @@ class Faults:
     late: list[LateRule] = dataclasses.field(default_factory=list)
     end_watches: bool = False
     end_watches_match: Match = dataclasses.field(default_factory=Match)
+    expire_watches: bool = False
+    expire_watches_match: Match = dataclasses.field(default_factory=Match)
     redirect: Redirect | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Faults:
         allowed = {
             "latency", "latency_match", "errors", "forbid", "freeze", "freeze_match", "late",
-            "end_watches", "end_watches_match", "redirect",
+            "end_watches", "end_watches_match", "expire_watches", "expire_watches_match",
+            "redirect",
         }  # fmt: skip
         unknown = set(raw) - allowed
         if unknown:
@@ -168,6 +175,8 @@ class Faults:
             ],
             end_watches=bool(raw.get("end_watches", False)),
             end_watches_match=Match.parse(raw.get("end_watches_match")),
+            expire_watches=bool(raw.get("expire_watches", False)),
+            expire_watches_match=Match.parse(raw.get("expire_watches_match")),
             redirect=redirect,
         )
 
@@ -201,6 +210,13 @@ class Faults:
             and self.end_watches_match.matches(verb, resource, name)
         )
 
+    def expires_watch(self, verb: str, resource: str, name: str) -> bool:
+        return (
+            self.expire_watches
+            and verb == "watch"
+            and self.expire_watches_match.matches(verb, resource, name)
+        )
+
     def redirect_for(self, verb: str, resource: str, name: str) -> Redirect | None:
         if self.redirect is not None and self.redirect.match.matches(verb, resource, name):
             return self.redirect
@@ -222,6 +238,7 @@ class Faults:
                 for rule in self.errors
             ],
             "end_watches": self.end_watches,
+            "expire_watches": self.expire_watches,
             "redirect": self.redirect.location if self.redirect else None,
             "forbid": len(self.forbid),
             "freeze": self.freeze,

@@ -123,6 +123,9 @@ class FakeApiServer:
         # tokens and anonymous above then play no part.
         self.authorizer = authorizer
         self.requests: list[dict[str, Any]] = []
+        # The request log's "t": a test that gives its client a fake clock gives it here too,
+        # and counts requests against the time the client believes has passed.
+        self.clock: Callable[[], float] = time.monotonic
         self.server_address = "127.0.0.1:0"
         self._watches: set[_Watch] = set()
         self._runner: web.AppRunner | None = None
@@ -209,7 +212,7 @@ class FakeApiServer:
         route = route_of(request.path)
         verb = _verb(request, route)
         entry: dict[str, Any] = {
-            "t": started,
+            "t": self.clock(),
             "method": request.method,
             "path": request.path,
             "query": request.query_string,
@@ -287,6 +290,10 @@ class FakeApiServer:
             raise self._injected(injected.status, route, injected.retry_after)
         if self.faults.ends_watch(verb, resource, name):
             return await self._empty_watch(request)
+        if self.faults.expires_watch(verb, resource, name) and request.query.get(
+            "resourceVersion", ""
+        ) not in ("", "0"):
+            return await self._expired_watch(request)
         return await self._serve_resource(request, route, verb)
 
     async def _empty_watch(self, request: web.Request) -> web.StreamResponse:
@@ -297,6 +304,20 @@ class FakeApiServer:
         )
         response.enable_chunked_encoding()
         await response.prepare(request)
+        await response.write_eof()
+        return response
+
+    async def _expired_watch(self, request: web.Request) -> web.StreamResponse:
+        """A watch answered ``200`` and ended at once with the ``410 Expired`` ``ERROR`` event,
+        as the real server answers a resourceVersion older than its history."""
+        response = web.StreamResponse(
+            status=200, headers=self._headers({"Content-Type": "application/json"})
+        )
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        version = request.query.get("resourceVersion", "")
+        message = f"too old resource version: {version} ({self.cluster.rv})"
+        await response.write(wire.dumps({"type": "ERROR", "object": wire.expired(message)}))
         await response.write_eof()
         return response
 

@@ -111,6 +111,21 @@ async def test_ended_watches_answer_an_empty_200_at_once_and_other_requests_are_
         assert (await response.json())["kind"] == "LeaseList"
 
 
+async def test_expired_watches_answer_the_410_error_event_and_a_fresh_watch_is_served(
+    fake: FakeApiServer, http: aiohttp.ClientSession
+) -> None:
+    fake.faults = fake.faults.parse({"expire_watches": True})
+    async with http.get(fake.url + LEASES + "?watch=1&resourceVersion=5") as response:
+        assert response.status == 200
+        event = json.loads(await response.read())
+    assert event["type"] == "ERROR"
+    assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+    # A watch without a resourceVersion starts from now: nothing to expire.
+    url = fake.url + LEASES + "?watch=1&timeoutSeconds=1"
+    async with http.get(url) as response:
+        assert (response.status, await response.read()) == (200, b"")
+
+
 async def test_a_redirect_fault_sends_the_client_elsewhere_with_its_path(
     fake: FakeApiServer, http: aiohttp.ClientSession
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from sidecar.backends.kubernetes import KubernetesLeaseStore
 from sidecar.backends.kubernetes.client import KubeApi
+from sidecar.backends.kubernetes.reflector import CLIENT_GO, Pacing
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from tests.fakekube import FakeApiServer, running, write_kubeconfig
 
@@ -35,7 +36,11 @@ async def make_store(kubeconfig: Path) -> AsyncIterator[StoreFactory]:
     stores: list[KubernetesLeaseStore] = []
 
     def make(
-        *, clock: Clock = SYSTEM_CLOCK, request_timeout: float = 2.0, watch_timeout: float = 60.0
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        request_timeout: float = 2.0,
+        watch_timeout: float = 60.0,
+        pacing: Pacing = CLIENT_GO,
     ) -> KubernetesLeaseStore:
         store = KubernetesLeaseStore(
             NAMESPACE,
@@ -44,6 +49,7 @@ async def make_store(kubeconfig: Path) -> AsyncIterator[StoreFactory]:
             default_duration=2.0,
             clock=clock,
             watch_timeout=watch_timeout,
+            pacing=pacing,
         )
         stores.append(store)
         return store

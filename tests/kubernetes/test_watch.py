@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from sidecar.backends.base import LeaseRecord
 from sidecar.backends.kubernetes import KubernetesLeaseStore, KubernetesStoreClient
 from sidecar.backends.kubernetes.client import KubeApi
+from sidecar.backends.kubernetes.reflector import Pacing
 from sidecar.supervisor import Supervisor
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import LEASES
@@ -145,9 +145,10 @@ async def test_the_watch_outlives_a_partition_without_raising(
 async def test_the_watch_keeps_trying_while_rbac_refuses_it(
     make_store: StoreFactory, fake: FakeApiServer
 ) -> None:
+    """(Backing off faster than client-go's 0.8 s to 30 s, which test_reflector.py checks.)"""
     fake.faults = fake.faults.parse({"forbid": [{"verbs": ["list", "watch"]}]})
     holder = make_store()
-    async with watching(make_store()) as seen:
+    async with watching(make_store(pacing=Pacing(initial=0.05, cap=0.2))) as seen:
         await until(lambda: len(list_requests(fake)) >= 3)  # refused, backing off, retrying
         assert seen == []
         fake.faults = fake.faults.parse({})
@@ -172,7 +173,7 @@ async def test_a_shared_watch_that_fails_comes_back_under_its_supervisor(
     kubeconfig: Path,
 ) -> None:
     """The shared namespace watch rides out what the API server does; a failure of its own (a
-    bug, here in its error path) ends the task, and the supervisor starts it again: it lists
+    bug, here in applying an event) ends the task, and the supervisor starts it again: it lists
     and reports what is there (issue 25)."""
     supervisor = Supervisor(backoff=(0.05, 0.05))
     client = KubernetesStoreClient(
@@ -190,15 +191,9 @@ async def test_a_shared_watch_that_fails_comes_back_under_its_supervisor(
             shared = client._shared
             assert shared is not None
 
-            class BrokenOnce:
-                def uniform(self, low: float, high: float) -> float:
-                    shared._rng = random.Random()  # only this once
-                    raise RuntimeError("broken on purpose")
-
             def apply_fails(kind: str, lease: dict[str, object]) -> None:
                 raise ValueError("an event it cannot apply")
 
-            shared._rng = BrokenOnce()  # type: ignore[assignment]
             shared._apply = apply_fails  # type: ignore[method-assign]
             await holder.try_acquire("a_1", 2, 0, expected=None)
             await until(lambda: supervisor.failures.get("kubernetes-leases-watch") == 1)

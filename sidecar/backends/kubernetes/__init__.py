@@ -4,7 +4,9 @@ record Events.
 
 * `store` — the lease store (observe-based expiry, compare-and-swap, the watch).
 * `store_client` — many leases on one connection; `fanout` — one watch for many Leases;
-  `watch` — the list-then-watch both use; `candidates` — the candidate registry.
+  `candidates` — the candidate registry.
+* `reflector` — the one list-then-watch loop all three watches use (client-go's back-off,
+  the "very short watch" rule, ``Retry-After``); `watch` — its requests.
 * `client` — requests, deadlines, error mapping, MicroTime; `kubeconfig` — where the API server
   is and the credentials (service account or kubeconfig).
 * `demotion` — the pod role label and the Events.

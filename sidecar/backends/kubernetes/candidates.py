@@ -20,10 +20,9 @@ an object at 256 KiB together: about a thousand replicas per group.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hashlib
 import json
-import logging
 import random
 import secrets
 from collections.abc import AsyncIterator
@@ -33,18 +32,9 @@ from typing import Any
 from sidecar.backends import records
 from sidecar.backends.base import Candidate
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
-from sidecar.backends.kubernetes.watch import (
-    Relist,
-    Selection,
-    backoff,
-    list_leases,
-    stream_leases,
-    unavailable,
-)
+from sidecar.backends.kubernetes.reflector import CLIENT_GO, Listed, Pacing, Reflector
+from sidecar.backends.kubernetes.watch import Selection, unavailable
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.logs import log
-
-logger = logging.getLogger("sidecar.kubernetes")
 
 KEY_PREFIX = "candidates.leader-sidecar.io/"
 GC_LEASES = 20
@@ -122,6 +112,7 @@ class KubernetesCandidates:
         gc_every: float = 60.0,
         watch_timeout: float = 60.0,
         rng: random.Random | None = None,
+        pacing: Pacing = CLIENT_GO,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -132,7 +123,8 @@ class KubernetesCandidates:
         self._last_gc = float("-inf")
         self.watch_timeout = watch_timeout
         self._rng = rng or random.Random()
-        self._streaming = False  # `changes` is listed and watching
+        self._pacing = pacing
+        self._reflector: Reflector | None = None  # while `changes` runs
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
         """Write our own key only; create the Lease if the group has none yet."""
@@ -161,51 +153,32 @@ class KubernetesCandidates:
                 raise unavailable(error, self.namespace) from None
 
     async def changes(self) -> AsyncIterator[list[Candidate] | None]:
-        """The group's Lease, listed and then watched (the loop of watch.py): every record at
-        each change. Every beat is a change here, so the view stays current on versions too."""
-        selection = Selection(self.namespace, field_selector=f"metadata.name={self.name}")
-        version: str | None = None
-        failures = 0
+        """The group's Lease, listed and then watched (`Reflector`): every record at each
+        change. Every beat is a change here, so the view stays current on versions too."""
+        reflector = Reflector(
+            self.api,
+            Selection(self.namespace, field_selector=f"metadata.name={self.name}"),
+            "candidates",
+            watch_timeout=self.watch_timeout,
+            pacing=self._pacing,
+            rng=self._rng,
+        )
+        self._reflector = reflector
         try:
-            while True:
-                try:
-                    if version is None:
-                        items, version = await list_leases(self.api, selection, "list candidates")
-                        self._streaming = True
-                        failures = 0
-                        yield _records(items[0] if items else None)
-                    async for kind, lease, resume_at in stream_leases(
-                        self.api, selection, version, self.watch_timeout, "watch candidates"
-                    ):
-                        version = resume_at
-                        if kind in ("ADDED", "MODIFIED", "DELETED"):
-                            yield _records(lease if kind != "DELETED" else None)
-                except Relist:
-                    self._streaming = False  # listed again at once
-                    version = None
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # CallError, StoreUnavailable, WatchBroken, bad JSON
-                    # List again, as the lease watch does; until then a change may go unseen,
-                    # and a hand-over reads the group first.
-                    self._streaming = False
-                    version = None
-                    failures += 1
-                    delay = backoff(failures, self._rng)
-                    log(
-                        logger,
-                        "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
-                        "candidates watch interrupted; reconnecting",
-                        error=str(exc),
-                        failures=failures,
-                        retry_in_seconds=round(delay, 3),
-                    )
-                    await asyncio.sleep(delay)
+            async with contextlib.aclosing(reflector.events()) as events:
+                async for event in events:
+                    if isinstance(event, Listed):
+                        yield _records(event.items[0] if event.items else None)
+                    else:
+                        yield _records(event.obj if event.kind != "DELETED" else None)
         finally:
-            self._streaming = False
+            if self._reflector is reflector:
+                self._reflector = None
 
     def following(self) -> bool:
-        return self._streaming
+        """Connected: after a failure, until the reflector lists (or resumes) again, a change
+        may go unseen, and a hand-over reads the group first."""
+        return self._reflector is not None and self._reflector.synced
 
     # -- requests ---------------------------------------------------------------------------
 

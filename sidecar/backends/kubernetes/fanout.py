@@ -16,23 +16,15 @@ The stream runs while anyone subscribes and stops with the last subscriber.
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
 
 from sidecar.backends.kubernetes.client import KubeApi
-from sidecar.backends.kubernetes.watch import (
-    Relist,
-    Selection,
-    backoff,
-    list_leases,
-    stream_leases,
-)
-from sidecar.logs import log
+from sidecar.backends.kubernetes.reflector import CLIENT_GO, Listed, Pacing, Reflector
+from sidecar.backends.kubernetes.watch import Selection
 from sidecar.supervisor import Supervisor
-
-logger = logging.getLogger("sidecar.kubernetes")
 
 Queue = asyncio.Queue[Any]
 
@@ -48,12 +40,14 @@ class SharedLeaseWatch:
         watch_timeout: float = 60.0,
         rng: random.Random | None = None,
         supervisor: Supervisor | None = None,
+        pacing: Pacing = CLIENT_GO,
     ) -> None:
         self.api = api
         self._supervisor = supervisor or Supervisor()  # restarts the stream if it fails
         self.selection = selection
         self.watch_timeout = watch_timeout
         self._rng = rng or random.Random()
+        self._pacing = pacing
         self._subscribers: dict[str, set[Queue]] = {}
         # The Leases as last listed and watched, by name; None until the first list answers.
         self._cache: dict[str, Any] | None = None
@@ -93,45 +87,22 @@ class SharedLeaseWatch:
             queue.put_nowait(lease)
 
     async def _run(self) -> None:
-        op = f"watch leases {self.selection.label_selector}"
-        version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if version is None:
-                    items, version = await list_leases(
-                        self.api, self.selection, f"list leases {self.selection.label_selector}"
-                    )
-                    self._cache = {_name(lease): lease for lease in items}
+        reflector = Reflector(
+            self.api,
+            self.selection,
+            f"leases {self.selection.label_selector}",
+            watch_timeout=self.watch_timeout,
+            pacing=self._pacing,
+            rng=self._rng,
+        )
+        async with contextlib.aclosing(reflector.events()) as events:
+            async for event in events:
+                if isinstance(event, Listed):
+                    self._cache = {_name(lease): lease for lease in event.items}
                     for name in list(self._subscribers):
                         self._publish(name, self._cache.get(name))
-                async for kind, lease, resume_at in stream_leases(
-                    self.api, self.selection, version, self.watch_timeout, op
-                ):
-                    failures = 0
-                    version = resume_at
-                    if lease is None:  # a bookmark
-                        continue
-                    self._apply(kind, lease)
-            except Relist as relist:
-                log(logger, "info", "leases watch expired; listing again", reason=str(relist))
-                version = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # CallError, StoreUnavailable, WatchBroken, bad JSON, ...
-                version = None  # list again rather than resume (see watch.py)
-                failures += 1
-                delay = backoff(failures, self._rng)
-                log(
-                    logger,
-                    "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
-                    "leases watch interrupted; reconnecting",
-                    selector=self.selection.label_selector,
-                    error=str(exc),
-                    failures=failures,
-                    retry_in_seconds=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
+                else:
+                    self._apply(event.kind, event.obj)
 
     def _apply(self, kind: str, lease: dict[str, Any]) -> None:
         name = _name(lease)

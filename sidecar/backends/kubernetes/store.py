@@ -43,7 +43,7 @@ is a PUT conditional on that very resourceVersion. ``renewTime`` is never truste
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -68,14 +68,8 @@ from sidecar.backends.kubernetes.client import (
     MicroTime,
     lease_path,
 )
-from sidecar.backends.kubernetes.watch import (
-    Relist,
-    Selection,
-    backoff,
-    list_leases,
-    stream_leases,
-    unavailable,
-)
+from sidecar.backends.kubernetes.reflector import CLIENT_GO, Listed, Pacing, Reflector
+from sidecar.backends.kubernetes.watch import Selection, unavailable
 from sidecar.backends.records import check_term
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
@@ -155,6 +149,7 @@ class KubernetesLeaseStore:
         labels: dict[str, str] | None = None,
         shared_watch: SharedLeaseWatch | None = None,
         owns_api: bool = True,
+        pacing: Pacing = CLIENT_GO,
     ) -> None:
         self.namespace = namespace
         self.name = name
@@ -170,6 +165,7 @@ class KubernetesLeaseStore:
         self.watch_timeout = watch_timeout
         self._clock = clock
         self._rng = rng or random.Random()
+        self._pacing = pacing  # how our own watch waits after failures (the reflector's)
         # What this process last saw of the Lease: the body a conditional write starts from.
         self._lease: Lease | None = None
         self.uid: str | None = None
@@ -566,45 +562,25 @@ class KubernetesLeaseStore:
             yield record
 
     async def _watch_one(self) -> AsyncIterator[LeaseRecord | None]:
-        """List the one Lease, then watch it from that resourceVersion (see watch.py)."""
-        selection = Selection(self.namespace, field_selector=f"metadata.name={self.name}")
-        version: str | None = None
-        failures = 0
-        while True:
-            try:
-                if version is None:
-                    items, version = await list_leases(self.api, selection, "list lease")
-                    yield self._observe(items[0] if items else None)
-                async for kind, lease, resume_at in stream_leases(
-                    self.api, selection, version, self.watch_timeout, "watch lease"
-                ):
-                    failures = 0
-                    version = resume_at
-                    if kind == "DELETED":
-                        yield self._observe(None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        yield self._observe(lease)
-            except Relist as relist:
-                log(logger, "info", "lease watch expired; listing again", reason=str(relist))
-                version = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # CallError, StoreUnavailable, WatchBroken, bad JSON, ...
-                # List again rather than resume: the API server may have restarted, its storage
-                # wiped or restored, and resuming from a resourceVersion it no longer knows can
-                # be silent. The elector must see what is there now (a loss, rule 8).
-                version = None
-                failures += 1
-                delay = backoff(failures, self._rng)
-                log(
-                    logger,
-                    "warning" if failures in (3, 10) or failures % 50 == 0 else "debug",
-                    "lease watch interrupted; reconnecting",
-                    error=str(exc),
-                    failures=failures,
-                    retry_in_seconds=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
+        """List the one Lease, then watch it from that resourceVersion (`Reflector`). After a
+        broken stream the reflector lists again: the elector must see what is there now (a
+        store that lost the Lease, rule 8), not resume silently."""
+        reflector = Reflector(
+            self.api,
+            Selection(self.namespace, field_selector=f"metadata.name={self.name}"),
+            "lease",
+            watch_timeout=self.watch_timeout,
+            pacing=self._pacing,
+            rng=self._rng,
+        )
+        async with contextlib.aclosing(reflector.events()) as events:
+            async for event in events:
+                if isinstance(event, Listed):
+                    yield self._observe(event.items[0] if event.items else None)
+                elif event.kind == "DELETED":
+                    yield self._observe(None)
+                else:
+                    yield self._observe(event.obj)
 
     async def close(self) -> None:
         if self._owns_api:

@@ -27,6 +27,7 @@ import re
 from sidecar.backends.kubernetes.candidates import KubernetesCandidates
 from sidecar.backends.kubernetes.client import KubeApi
 from sidecar.backends.kubernetes.fanout import SharedLeaseWatch
+from sidecar.backends.kubernetes.reflector import CLIENT_GO, Pacing
 from sidecar.backends.kubernetes.store import GROUP_LABEL, KubernetesLeaseStore
 from sidecar.backends.kubernetes.watch import Selection
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -61,6 +62,7 @@ class KubernetesStoreClient:
         clock: Clock = SYSTEM_CLOCK,
         watch_timeout: float = 60.0,
         supervisor: Supervisor | None = None,
+        pacing: Pacing = CLIENT_GO,
     ) -> None:
         self.namespace = namespace
         self.api = api
@@ -68,6 +70,7 @@ class KubernetesStoreClient:
         self.default_duration = default_duration
         self.watch_timeout = watch_timeout
         self._clock = clock
+        self._pacing = pacing  # how every watch of this client waits after failures
         self._labels = {GROUP_LABEL: group_label_value(group)}
         self._shared: SharedLeaseWatch | None = None
         if shared_watch:
@@ -77,6 +80,7 @@ class KubernetesStoreClient:
                 Selection(namespace, label_selector=selector),
                 watch_timeout=watch_timeout,
                 supervisor=supervisor,
+                pacing=pacing,
             )
 
     @property
@@ -94,11 +98,17 @@ class KubernetesStoreClient:
             labels=self._labels,
             shared_watch=self._shared,
             owns_api=False,
+            pacing=self._pacing,
         )
 
     def candidates(self, group: str) -> KubernetesCandidates:
         return KubernetesCandidates(
-            self.api, self.namespace, group, clock=self._clock, watch_timeout=self.watch_timeout
+            self.api,
+            self.namespace,
+            group,
+            clock=self._clock,
+            watch_timeout=self.watch_timeout,
+            pacing=self._pacing,
         )
 
     async def close(self) -> None:

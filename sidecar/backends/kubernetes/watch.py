@@ -1,11 +1,6 @@
-"""List-then-watch of Leases, shared by the one-Lease watch (``fieldSelector=metadata.name``)
-and the namespace watch of many Leases (``labelSelector``, `sidecar.backends.kubernetes.fanout`).
-
-The loop both follow: list, then watch from the list's resourceVersion; resume from the last
-resourceVersion when the server ends a watch cleanly (``timeoutSeconds``); list again after 410
-Gone and after any broken connection (the API server may have restarted with its storage wiped
-or restored, and resuming from a resourceVersion it no longer knows can be silent); back off,
-jittered, while the API is unreachable or refuses.
+"""The requests of a list-then-watch of Leases: the list, the watch stream and its lines. The
+loop around them — when to list again, when to resume, how long to wait — is
+`sidecar.backends.kubernetes.reflector`, the one every watch of the sidecar uses.
 
 A watch is a streaming GET (``?watch=1&resourceVersion=…&allowWatchBookmarks=true&
 timeoutSeconds=…``) answering one JSON event per line. A line longer than `MAX_EVENT_LINE`
@@ -17,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,12 +40,6 @@ class Selection:
     def query(self) -> dict[str, str]:
         selectors = {"fieldSelector": self.field_selector, "labelSelector": self.label_selector}
         return {key: value for key, value in selectors.items() if value}
-
-
-def backoff(failures: int, rng: random.Random) -> float:
-    """Seconds to wait before reconnecting after ``failures`` failures in a row."""
-    base = min(2.0, 0.05 * 2.0 ** (failures - 1))
-    return base * rng.uniform(0.5, 1.0)
 
 
 def unavailable(error: CallError, namespace: str) -> StoreUnavailable:
