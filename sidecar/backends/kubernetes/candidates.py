@@ -20,6 +20,7 @@ an object at 256 KiB together: about a thousand replicas per group.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -152,7 +153,7 @@ class KubernetesCandidates:
             if error.status != 404:  # no registry: nothing to leave
                 raise unavailable(error, self.namespace) from None
 
-    async def changes(self) -> AsyncIterator[list[Candidate] | None]:
+    async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
         """The group's Lease, listed and then watched (`Reflector`): every record at each
         change. Every beat is a change here, so the view stays current on versions too."""
         reflector = Reflector(

@@ -35,7 +35,7 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from sidecar.backends.kubernetes.client import KubeApi
@@ -134,7 +134,7 @@ class Reflector:
         self.synced = False
         self.failures = 0  # in a row, for the logs
 
-    async def events(self) -> AsyncIterator[Listed | Changed]:
+    async def events(self) -> AsyncGenerator[Listed | Changed, None]:
         """`Listed` after every (re)list, then a `Changed` per event. Never raises but
         CancelledError; runs until the caller stops iterating."""
         backoff = Backoff(self.pacing, self._rng)
