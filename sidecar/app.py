@@ -25,7 +25,7 @@ from sidecar.elector import Elector, GapAlert
 from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
-from sidecar.metrics import Metrics
+from sidecar.metrics import for_config
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar")
@@ -54,8 +54,7 @@ class Sidecar:
         self.supervisor = Supervisor(self.registry)
         timing = config.timing
 
-        def metrics(lease: str) -> Metrics:
-            return Metrics(self.registry, lease, timing.lease_duration)
+        metrics = for_config(config, self.registry)
 
         self.client: StoreClient | None = None
         if store is not None:  # one lease over a store the caller opened (tests, embedding)

@@ -6,11 +6,15 @@ import logging
 import weakref
 from collections.abc import Callable
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sidecar.backends.base import Candidate, LeaseRecord
 from sidecar.logs import Throttle, log
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
 
 records_logger = logging.getLogger("sidecar.records")
 
@@ -44,19 +48,32 @@ def gap_buckets(lease_duration: float) -> list[float]:
 
 
 class _Families:
-    """The metric families of one registry, shared by every lease's `Metrics`."""
+    """The metric families of one registry, shared by every lease's `Metrics`.
 
-    def __init__(self, registry: CollectorRegistry, lease_duration: float) -> None:
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, ["lease"], registry=registry)
+    Two kinds, so that 1,000 shards stay affordable to scrape: what an alert or a person needs
+    for each lease (leader, term, renewal age, gaps past half the lease) is labelled by
+    ``lease``; the rest (histograms, store traffic, transitions, demotions) is labelled by
+    ``lease_group`` — the ``--lease`` name shards were made from — and by ``lease`` too only
+    when ``per_lease`` (``--metrics-per-lease``). Every series carries ``lease_group``, so one
+    rule reads both shapes."""
+
+    def __init__(
+        self, registry: CollectorRegistry, lease_duration: float, *, per_lease: bool
+    ) -> None:
+        self.per_lease = per_lease
+        each = ["lease", "lease_group"]  # the per-lease families
+        grouped = each if per_lease else ["lease_group"]
+
+        def gauge(name: str, doc: str, labels: list[str] = each) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=registry)
 
         self.is_leader = gauge("is_leader", "1 while this replica is the leader")
         self.term = gauge("term", "Term (fencing token) held or last observed")
-        self.duration = gauge("lease_duration_seconds", "Configured lease duration")
+        self.duration = gauge("lease_duration_seconds", "Configured lease duration", grouped)
         self.renewal_gap = Histogram(
             PREFIX + "renewal_gap_seconds",
             "Time between the sends of consecutive successful renewals (or acquire → renewal)",
-            ["lease"],
+            grouped,
             buckets=gap_buckets(lease_duration),
             registry=registry,
         )
@@ -67,31 +84,31 @@ class _Families:
         self.gap_over_half_lease = Counter(
             PREFIX + "renewal_gap_over_half_lease",
             "Renewal gaps (finished or still growing) longer than half the lease",
-            ["lease"],
+            each,
             registry=registry,
         )
         self.transitions = Counter(
             PREFIX + "transitions",
             "Role changes of this replica",
-            ["lease", "role"],
+            [*grouped, "role"],
             registry=registry,
         )
         self.demotions = Counter(
             PREFIX + "demotions",
             "Times this replica stopped leading, by reason",
-            ["lease", "reason"],
+            [*grouped, "reason"],
             registry=registry,
         )
         self.store_requests = Counter(
             PREFIX + "store_requests",
             "Requests to the lease store by operation and outcome",
-            ["lease", "op", "outcome"],
+            [*grouped, "op", "outcome"],
             registry=registry,
         )
         self.store_duration = Histogram(
             PREFIX + "store_request_duration_seconds",
             "Latency of lease store requests",
-            ["lease", "op"],
+            [*grouped, "op"],
             buckets=STORE_BUCKETS,
             registry=registry,
         )
@@ -105,12 +122,18 @@ class _Families:
         for kind in RECORD_KINDS:
             self.bad_records.labels(kind)
         self.bad_records_log = Throttle()  # one line per 10 s for the whole sidecar
-        # What client-go's leader election exports, so existing dashboards and alerts work.
-        self.master_status = Gauge(
-            "leader_election_master_status",
-            "1 if this replica is the leader of the lease 'name' (client-go compatible)",
-            ["name"],
-            registry=registry,
+        # What client-go's leader election exports, so existing dashboards and alerts work:
+        # part of the per-lease detail. client-go has no shards, so no client-go dashboard
+        # watches one; a sharded sidecar's leadership is `is_leader` (docs/operations.md).
+        self.master_status = (
+            Gauge(
+                "leader_election_master_status",
+                "1 if this replica is the leader of the lease 'name' (client-go compatible)",
+                ["name"],
+                registry=registry,
+            )
+            if per_lease
+            else None
         )
 
 
@@ -120,49 +143,68 @@ _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.Wea
 
 
 class Metrics:
-    """Every metric the sidecar exports for one lease; each carries the ``lease`` label
-    (bounded: by the leases configured, see `sidecar.config.MAX_LEASES`)."""
+    """Every metric the sidecar exports for one lease (bounded: by the leases configured, see
+    `sidecar.config.MAX_LEASES`). ``group`` is the lease's ``lease_group`` (default: the lease
+    itself); ``per_lease`` labels every family by lease too, and is one choice per registry."""
 
-    def __init__(self, registry: CollectorRegistry, lease: str, lease_duration: float) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        lease: str,
+        lease_duration: float,
+        *,
+        group: str | None = None,
+        per_lease: bool = True,
+    ) -> None:
         self.registry = registry
         self.lease = lease
+        self.group = lease if group is None else group
         families = _FAMILIES.get(registry)
         if families is None:
-            families = _FAMILIES[registry] = _Families(registry, lease_duration)
+            families = _FAMILIES[registry] = _Families(
+                registry, lease_duration, per_lease=per_lease
+            )
+        elif families.per_lease != per_lease:
+            raise ValueError("per_lease is one choice for every lease of a registry")
         self._families = families
-        label = {"lease": lease}
-        self.is_leader = families.is_leader.labels(**label)
-        self.term = families.term.labels(**label)
-        families.duration.labels(**label).set(lease_duration)
-        self.renewal_gap = families.renewal_gap.labels(**label)
-        self.seconds_since_renewal = families.seconds_since_renewal.labels(**label)
-        self.gap_over_half_lease = families.gap_over_half_lease.labels(**label)
+        each = (lease, self.group)
+        # The labels of the families kept per group: shared by the leases of one group.
+        self._grouped = each if per_lease else (self.group,)
+        self.is_leader = families.is_leader.labels(*each)
+        self.term = families.term.labels(*each)
+        families.duration.labels(*self._grouped).set(lease_duration)
+        self.renewal_gap = families.renewal_gap.labels(*self._grouped)
+        self.seconds_since_renewal = families.seconds_since_renewal.labels(*each)
+        self.gap_over_half_lease = families.gap_over_half_lease.labels(*each)
         self._transitions = families.transitions
         self._demotions = families.demotions
         self._store_requests = families.store_requests
         self._store_duration = families.store_duration
-        self.master_status = families.master_status.labels(name=lease)
+        self.master_status = (
+            None if families.master_status is None else families.master_status.labels(lease)
+        )
         for role in ROLES:  # export zeros so rate() works from the first scrape
-            self._transitions.labels(lease, role)
+            self._transitions.labels(*self._grouped, role)
         for reason in DEMOTION_REASONS:
-            self._demotions.labels(lease, reason)
+            self._demotions.labels(*self._grouped, reason)
         # The store's failure outcomes too: a series first scraped at 3 shows no increase(), so
         # without a zero the first failures after a healthy spell would be invisible to alerts.
         for op in STORE_STEADY_OPS:
             for outcome in STORE_ALERT_OUTCOMES:
-                self._store_requests.labels(lease, op, outcome)
+                self._store_requests.labels(*self._grouped, op, outcome)
 
     def bind(self, leading: Callable[[], bool], since_renewal: Callable[[], float]) -> None:
         """Evaluate leadership and renewal age at scrape time, never from a cached flag."""
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
-        self.master_status.set_function(lambda: 1.0 if leading() else 0.0)
+        if self.master_status is not None:
+            self.master_status.set_function(lambda: 1.0 if leading() else 0.0)
         self.seconds_since_renewal.set_function(since_renewal)
 
     def transition(self, role: str) -> None:
-        self._transitions.labels(self.lease, role).inc()
+        self._transitions.labels(*self._grouped, role).inc()
 
     def demotion(self, reason: str) -> None:
-        self._demotions.labels(self.lease, reason).inc()
+        self._demotions.labels(*self._grouped, reason).inc()
 
     def bad_record(self, kind: str, record: LeaseRecord | Candidate, **where: object) -> None:
         """Count a record that could not be read, or had a field that could not, and log it
@@ -190,5 +232,23 @@ class Metrics:
         )
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
-        self._store_requests.labels(self.lease, op, outcome).inc()
-        self._store_duration.labels(self.lease, op).observe(seconds)
+        self._store_requests.labels(*self._grouped, op, outcome).inc()
+        self._store_duration.labels(*self._grouped, op).observe(seconds)
+
+
+def for_config(config: Config, registry: CollectorRegistry) -> Callable[[str], Metrics]:
+    """The sidecar's metrics of one lease, by the name it is shown under (``namespace/name``
+    on Kubernetes): labelled with its `lease_group`, in the detail ``--metrics-per-lease``
+    chose."""
+    groups = {config.ref(name): config.ref(config.lease_group(name)) for name in config.lease_names}
+
+    def metrics(lease: str) -> Metrics:
+        return Metrics(
+            registry,
+            lease,
+            config.timing.lease_duration,
+            group=groups.get(lease, lease),
+            per_lease=config.per_lease_metrics,
+        )
+
+    return metrics

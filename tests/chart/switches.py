@@ -156,6 +156,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "many-shards": {  # past 10 leases: one labelled watch, list/watch without names
         **EXAMPLE,
         "lease": {"name": "jobs", "shards": 12},
+        "metrics": {"perLease": True},
     },
     "shards": {
         **EXAMPLE,

@@ -152,3 +152,19 @@ def test_the_service_monitor_reaches_every_pod_through_a_headless_service(helm: 
     (port,) = service["spec"]["ports"]
     assert port["name"] == endpoint["port"]
     assert port["targetPort"] in {p["name"] for p in sidecar(one(manifests, "Deployment"))["ports"]}
+
+
+@pytest.mark.parametrize(
+    ("per_lease", "env"),
+    [("", None), (True, "true"), (False, "false")],
+    ids=["default", "true", "false"],
+)
+def test_metrics_per_lease_reaches_the_sidecar_false_included(
+    helm: Helm, per_lease: object, env: str | None
+) -> None:
+    """`metrics.perLease`: "" leaves the sidecar's default (per lease without shards), and
+    `false` is set as false, not dropped as an empty value."""
+    values = {**SWITCHES["many-shards"], "metrics": {"perLease": per_lease}}
+    container = sidecar(one(helm.template(values=values), "Deployment"))
+    found = {e["name"]: e.get("value") for e in container["env"]}
+    assert found.get("LEADER_SIDECAR_METRICS_PER_LEASE") == env

@@ -47,11 +47,12 @@ class Rig:
 
     def counted(self) -> float | None:
         return self.registry.get_sample_value(
-            "leader_sidecar_renewal_gap_over_half_lease_total", {"lease": "unit"}
+            "leader_sidecar_renewal_gap_over_half_lease_total",
+            {"lease": "unit", "lease_group": "unit"},
         )
 
     def gauge(self, name: str) -> float | None:
-        return self.registry.get_sample_value(name, {"lease": "unit"})
+        return self.registry.get_sample_value(name, {"lease": "unit", "lease_group": "unit"})
 
     def advance(self, seconds: float) -> None:
         assert isinstance(self.clock, FakeClock)
@@ -136,7 +137,8 @@ async def test_a_gap_of_exactly_half_the_lease_does_not_alert(rig: Rig) -> None:
     assert rig.counted() == 1.0
     assert (
         rig.registry.get_sample_value(
-            "leader_sidecar_renewal_gap_seconds_bucket", {"lease": "unit", "le": "5.0"}
+            "leader_sidecar_renewal_gap_seconds_bucket",
+            {"lease": "unit", "lease_group": "unit", "le": "5.0"},
         )
         == 1.0
     )
@@ -325,7 +327,8 @@ async def test_the_run_loop_alerts_a_hung_store_at_the_half_lease_mark() -> None
         assert rig.counted() == 1.0  # the demotion at the deadline adds no second alert
         assert (
             rig.registry.get_sample_value(
-                "leader_sidecar_demotions_total", {"lease": "unit", "reason": "deadline"}
+                "leader_sidecar_demotions_total",
+                {"lease": "unit", "lease_group": "unit", "reason": "deadline"},
             )
             == 1.0
         )

@@ -1,4 +1,5 @@
-"""The exported metric set: names, types and label sets exactly as docs/design.md lists them, and
+"""The exported metric set: names, types and label sets exactly as docs/design.md lists them, in
+both shapes (`--metrics-per-lease` or not), the lease group each lease is counted under, and
 renewal-gap buckets that are fractions of the lease with one edge at exactly half of it."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,37 +15,54 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from sidecar import config
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 from sidecar.config import Timing
 from sidecar.elector import Elector
-from sidecar.metrics import Metrics
+from sidecar.metrics import Metrics, for_config
 from tests.observability.fakes import FakeClock, FlakyStore
 from tests.support.tools import require_binary
 
-# docs/design.md's metrics table, plus client-go's leader_election_master_status: family name →
-# (type, label names other than `le`). No other family may be exported.
-EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
-    "leader_sidecar_is_leader": ("gauge", frozenset({"lease"})),
-    "leader_sidecar_term": ("gauge", frozenset({"lease"})),
-    "leader_sidecar_lease_duration_seconds": ("gauge", frozenset({"lease"})),
-    "leader_sidecar_renewal_gap_seconds": ("histogram", frozenset({"lease"})),
-    "leader_sidecar_seconds_since_renewal": ("gauge", frozenset({"lease"})),
-    "leader_sidecar_renewal_gap_over_half_lease": ("counter", frozenset({"lease"})),
-    "leader_sidecar_transitions": ("counter", frozenset({"lease", "role"})),
-    "leader_sidecar_demotions": ("counter", frozenset({"lease", "reason"})),
-    "leader_sidecar_store_requests": ("counter", frozenset({"lease", "op", "outcome"})),
-    "leader_sidecar_store_request_duration_seconds": ("histogram", frozenset({"lease", "op"})),
-    "leader_sidecar_bad_records": ("counter", frozenset({"kind"})),
-    "leader_election_master_status": ("gauge", frozenset({"name"})),
+# Per lease always: what an alert or a person needs for each lease.
+EACH = frozenset({"lease", "lease_group"})
+# Per lease group (the --lease name shards are made from), and per lease too with
+# --metrics-per-lease.
+PER_GROUP = {
+    "leader_sidecar_lease_duration_seconds": ("gauge", frozenset()),
+    "leader_sidecar_renewal_gap_seconds": ("histogram", frozenset()),
+    "leader_sidecar_transitions": ("counter", frozenset({"role"})),
+    "leader_sidecar_demotions": ("counter", frozenset({"reason"})),
+    "leader_sidecar_store_requests": ("counter", frozenset({"op", "outcome"})),
+    "leader_sidecar_store_request_duration_seconds": ("histogram", frozenset({"op"})),
 }
-# Families of the whole sidecar, not of one lease: they carry no `lease` label.
-SIDECAR_WIDE = {"leader_sidecar_bad_records"}
+# Families of the whole sidecar, not of one lease: no `lease`, no `lease_group`.
+SIDECAR_WIDE = {"leader_sidecar_bad_records": ("counter", frozenset({"kind"}))}
 ROLES = {"leader", "follower"}
 REASONS = {"lost", "deadline", "released", "shutdown"}
-OPS = {"acquire", "renew", "release"}
+OPS = {
+    "acquire", "renew", "read", "release", "hand_over", "mark_lost",
+    "probe", "candidate_beat", "candidate_list",
+}  # fmt: skip
 OUTCOMES = {"ok", "timeout", "held", "not_owned", "conflict", "unavailable", "cancelled", "error"}
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)
+
+
+def expected(per_lease: bool) -> dict[str, tuple[str, frozenset[str]]]:
+    """docs/design.md's metrics table: family name → (type, label names other than `le`). No
+    other family may be exported."""
+    grouped = EACH if per_lease else frozenset({"lease_group"})
+    design = {
+        "leader_sidecar_is_leader": ("gauge", EACH),
+        "leader_sidecar_term": ("gauge", EACH),
+        "leader_sidecar_seconds_since_renewal": ("gauge", EACH),
+        "leader_sidecar_renewal_gap_over_half_lease": ("counter", EACH),
+        **{name: (kind, grouped | more) for name, (kind, more) in PER_GROUP.items()},
+        **SIDECAR_WIDE,
+    }
+    if per_lease:  # client-go's, part of the per-lease detail
+        design["leader_election_master_status"] = ("gauge", frozenset({"name"}))
+    return design
 
 
 def families(registry: CollectorRegistry) -> dict[str, tuple[str, list[Sample]]]:
@@ -57,19 +76,20 @@ def families(registry: CollectorRegistry) -> dict[str, tuple[str, list[Sample]]]
     }
 
 
-async def busy_elector() -> Elector:
-    """An elector that has acquired, renewed, and seen the store fail: every family has
-    samples."""
+async def busy_elector(per_lease: bool) -> Elector:
+    """An elector of the shard team/jobs-3 that has acquired, renewed, and seen the store
+    fail: every family has samples."""
     clock = FakeClock()
     store = FlakyStore(MemoryLeaseStore(MemoryLeaseState(clock), "unit"))
+    metrics = Metrics(
+        CollectorRegistry(),
+        "team/jobs-3",
+        TIMING.lease_duration,
+        group="team/jobs",
+        per_lease=per_lease,
+    )
     elector = Elector(
-        store,
-        TIMING,
-        "a_0001",
-        "team/jobs",
-        metrics=Metrics(CollectorRegistry(), "team/jobs", TIMING.lease_duration),
-        clock=clock,
-        rng=random.Random(1),
+        store, TIMING, "a_0001", "team/jobs-3", metrics=metrics, clock=clock, rng=random.Random(1)
     )
     await elector.step()  # acquire
     clock.advance(3)
@@ -80,35 +100,48 @@ async def busy_elector() -> Elector:
     return elector
 
 
-async def test_the_exported_families_are_exactly_those_of_the_design() -> None:
+SHAPES = pytest.mark.parametrize("per_lease", [False, True], ids=["per-group", "per-lease"])
+
+
+@SHAPES
+async def test_the_exported_families_are_exactly_those_of_the_design(per_lease: bool) -> None:
     """Names, types and label names match docs/design.md; nothing else is exported."""
-    elector = await busy_elector()
+    elector = await busy_elector(per_lease)
     exported = families(elector.metrics.registry)
+    design = expected(per_lease)
     assert {name: kind for name, (kind, _) in exported.items()} == {
-        name: kind for name, (kind, _) in EXPECTED.items()
+        name: kind for name, (kind, _) in design.items()
     }
     for name, (_, samples) in exported.items():
-        labels = EXPECTED[name][1]
+        labels = design[name][1]
         assert samples, name
         for sample in samples:
             names = set(sample.labels) - ({"le"} if sample.name.endswith("_bucket") else set())
             assert names == labels, (sample.name, sample.labels)
 
 
-async def test_every_series_names_the_lease() -> None:
-    """``lease`` on every per-lease leader_sidecar_* series, ``name`` on the client-go one: the
-    rules group by it."""
-    elector = await busy_elector()
+@SHAPES
+async def test_every_series_names_its_lease_group_and_the_per_lease_ones_their_lease(
+    per_lease: bool,
+) -> None:
+    """``lease_group`` on every leader_sidecar_* series of a lease, ``lease`` where the
+    family is per lease, ``name`` on the client-go one: the rules group by them."""
+    elector = await busy_elector(per_lease)
     for name, (_, samples) in families(elector.metrics.registry).items():
         if name in SIDECAR_WIDE:
             continue
-        key = "name" if name == "leader_election_master_status" else "lease"
-        assert {sample.labels[key] for sample in samples} == {"team/jobs"}, name
+        if name == "leader_election_master_status":
+            assert {sample.labels["name"] for sample in samples} == {"team/jobs-3"}
+            continue
+        assert {sample.labels["lease_group"] for sample in samples} == {"team/jobs"}, name
+        if "lease" in expected(per_lease)[name][1]:
+            assert {sample.labels["lease"] for sample in samples} == {"team/jobs-3"}, name
 
 
-async def test_label_values_are_bounded_enumerations() -> None:
+@SHAPES
+async def test_label_values_are_bounded_enumerations(per_lease: bool) -> None:
     """role, reason, op and outcome only take the documented values."""
-    elector = await busy_elector()
+    elector = await busy_elector(per_lease)
     exported = families(elector.metrics.registry)
     seen: dict[str, set[str]] = {"role": set(), "reason": set(), "op": set(), "outcome": set()}
     for _, samples in exported.values():
@@ -124,31 +157,52 @@ async def test_label_values_are_bounded_enumerations() -> None:
     assert {"ok", "unavailable"} <= seen["outcome"]
 
 
-def test_a_fresh_registry_exports_zeros_for_every_counter_an_alert_reads() -> None:
+def test_every_store_operation_the_sidecar_counts_is_documented() -> None:
+    """The ``op`` values in the code are those docs/operations.md lists (and OPS above)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    code = "\n".join(path.read_text() for path in (root / "sidecar").glob("*.py"))
+    used = set(re.findall(r'_call\(\s*"(\w+)"', code))
+    used |= set(re.findall(r'_count\(\s*"(\w+)"', code))
+    assert used == OPS
+    table = (root / "docs" / "operations.md").read_text()
+    for op in OPS:
+        assert f"`{op}`" in table, op
+
+
+@SHAPES
+def test_a_fresh_registry_exports_zeros_for_every_counter_an_alert_reads(per_lease: bool) -> None:
     """increase() cannot see a series' first sample: counters start at 0, so the first gap,
     transition, demotion or store failure after start-up is an increase."""
     registry = CollectorRegistry()
-    Metrics(registry, "default", 15.0)
+    Metrics(registry, "jobs-0", 15.0, group="jobs", per_lease=per_lease)
+    each = {"lease": "jobs-0", "lease_group": "jobs"}
+    grouped = each if per_lease else {"lease_group": "jobs"}
 
-    def value(name: str, **labels: str) -> float | None:
-        return registry.get_sample_value(name, {"lease": "default", **labels})
+    def value(name: str, labels: dict[str, str], **more: str) -> float | None:
+        return registry.get_sample_value(name, {**labels, **more})
 
-    assert value("leader_sidecar_renewal_gap_over_half_lease_total") == 0.0
+    assert value("leader_sidecar_renewal_gap_over_half_lease_total", each) == 0.0
     for role in ROLES:
-        assert value("leader_sidecar_transitions_total", role=role) == 0.0
+        assert value("leader_sidecar_transitions_total", grouped, role=role) == 0.0
     for reason in REASONS:
-        assert value("leader_sidecar_demotions_total", reason=reason) == 0.0
+        assert value("leader_sidecar_demotions_total", grouped, reason=reason) == 0.0
     for op in ("acquire", "renew"):
         for outcome in ("ok", "timeout", "unavailable", "error"):
-            assert value("leader_sidecar_store_requests_total", op=op, outcome=outcome) == 0.0
-    assert value("leader_sidecar_lease_duration_seconds") == 15.0
+            assert (
+                value("leader_sidecar_store_requests_total", grouped, op=op, outcome=outcome) == 0.0
+            )
+    assert value("leader_sidecar_lease_duration_seconds", grouped) == 15.0
 
 
-def test_promtool_finds_nothing_to_lint_in_the_exposition() -> None:
+@SHAPES
+def test_promtool_finds_nothing_to_lint_in_the_exposition(per_lease: bool) -> None:
     """Prometheus's own linter (naming, units, suffixes) accepts the exposition."""
     promtool = require_binary("promtool")
     registry = CollectorRegistry()
-    Metrics(registry, "default", 15.0)
+    for shard in range(3):
+        Metrics(registry, f"jobs-{shard}", 15.0, group="jobs", per_lease=per_lease)
     result = subprocess.run(
         [promtool, "check", "metrics"],
         input=generate_latest(registry),
@@ -158,6 +212,86 @@ def test_promtool_finds_nothing_to_lint_in_the_exposition() -> None:
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.decode().strip() == ""
+
+
+# -- lease groups -----------------------------------------------------------------------------
+
+
+def configured(*argv: str) -> config.Config:
+    return config.load(["--store", "kubernetes", *argv], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "groups", "per_lease"),
+    [
+        (["--lease", "app"], {"team/app": "team/app"}, True),
+        (["--lease", "a,b"], {"team/a": "team/a", "team/b": "team/b"}, True),
+        (
+            ["--lease", "jobs,billing", "--shards", "2"],
+            {
+                "team/jobs-0": "team/jobs",
+                "team/jobs-1": "team/jobs",
+                "team/billing-0": "team/billing",
+                "team/billing-1": "team/billing",
+            },
+            False,
+        ),
+        (["--lease", "jobs-1", "--shards", "2"], {"team/jobs-1-0": "team/jobs-1"}, False),
+        (
+            ["--lease", "jobs", "--shards", "1", "--metrics-per-lease", "true"],
+            {"team/jobs-0": "team/jobs"},
+            True,
+        ),
+        (["--lease", "app", "--metrics-per-lease", "false"], {"team/app": "team/app"}, False),
+    ],
+    ids=["one lease", "two leases", "shards", "dashed name", "shards, per lease", "one, not"],
+)
+def test_a_lease_is_counted_under_the_lease_name_its_shards_were_made_from(
+    argv: list[str], groups: dict[str, str], per_lease: bool
+) -> None:
+    """``lease_group`` is the --lease name (as leases are named: namespace/name on
+    Kubernetes); per-lease detail is the default exactly when there are no shards."""
+    loaded = configured("--namespace", "team", *argv)
+    registry = CollectorRegistry()
+    make = for_config(loaded, registry)
+    shown = [loaded.ref(name) for name in loaded.lease_names]
+    made = [make(lease) for lease in shown]
+    assert {m.lease: m.group for m in made}.items() >= groups.items()
+    assert loaded.per_lease_metrics is per_lease
+    assert ("leader_election_master_status" in families(registry)) is per_lease
+
+
+def test_the_leases_of_a_group_share_its_histograms_and_counters() -> None:
+    """Without per-lease detail, every shard's renewal gap, transition and store request
+    lands in its group's one series; the per-lease families stay per lease."""
+    registry = CollectorRegistry()
+    shards = [Metrics(registry, f"jobs-{i}", 15.0, group="jobs", per_lease=False) for i in range(3)]
+    for metrics in shards:
+        metrics.renewal_gap.observe(5.0)
+        metrics.transition("leader")
+        metrics.store_request("renew", "ok", 0.002)
+        metrics.gap_over_half_lease.inc()
+    group = {"lease_group": "jobs"}
+    assert registry.get_sample_value("leader_sidecar_renewal_gap_seconds_count", group) == 3
+    assert (
+        registry.get_sample_value("leader_sidecar_transitions_total", {**group, "role": "leader"})
+        == 3
+    )
+    requests = {**group, "op": "renew", "outcome": "ok"}
+    assert registry.get_sample_value("leader_sidecar_store_requests_total", requests) == 3
+    for i in range(3):
+        each = {"lease": f"jobs-{i}", "lease_group": "jobs"}
+        assert (
+            registry.get_sample_value("leader_sidecar_renewal_gap_over_half_lease_total", each) == 1
+        )
+
+
+def test_per_lease_detail_is_one_choice_per_registry() -> None:
+    """Two shapes in one exposition would double-count every sum the rules take."""
+    registry = CollectorRegistry()
+    Metrics(registry, "jobs-0", 15.0, group="jobs", per_lease=False)
+    with pytest.raises(ValueError, match="per_lease"):
+        Metrics(registry, "jobs-1", 15.0, group="jobs", per_lease=True)
 
 
 # -- the renewal-gap buckets ------------------------------------------------------------------
@@ -199,9 +333,8 @@ def test_a_gap_of_exactly_half_the_lease_counts_at_or_below_the_half_edge(lease:
     metrics = Metrics(registry, "default", lease)
     metrics.renewal_gap.observe(lease / 2)
     metrics.renewal_gap.observe(math.nextafter(lease / 2, math.inf))
-    half = {"lease": "default", "le": floatToGoString(lease / 2)}
+    labels = {"lease": "default", "lease_group": "default"}
+    half = {**labels, "le": floatToGoString(lease / 2)}
     assert registry.get_sample_value("leader_sidecar_renewal_gap_seconds_bucket", half) == 1.0
-    count = registry.get_sample_value(
-        "leader_sidecar_renewal_gap_seconds_count", {"lease": "default"}
-    )
+    count = registry.get_sample_value("leader_sidecar_renewal_gap_seconds_count", labels)
     assert count == 2.0

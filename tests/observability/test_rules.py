@@ -4,6 +4,7 @@ docs/operations.md) and tested both where it fires and where it must stay silent
 
 from __future__ import annotations
 
+import re
 import subprocess
 from importlib import resources
 from pathlib import Path
@@ -71,13 +72,14 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
 
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda rule: rule["alert"])
 def test_every_alert_says_how_bad_what_and_where_to_look(rule: dict[str, Any]) -> None:
-    """Severity, a summary naming the lease, a description with the values, a runbook URL."""
+    """Severity, a summary naming the lease (or, where the series is one of a lease group's,
+    the group), a description with the values, a runbook URL."""
     assert rule["alert"].startswith("LeaderSidecar")
     assert rule["labels"]["severity"] in ("warning", "critical")
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
-    assert "$labels.lease" in annotations["summary"]
-    assert "$labels.lease" in annotations["description"]
+    for text in (annotations["summary"], annotations["description"]):
+        assert re.search(r"\$labels\.lease\b", text) or "$labels.lease_group" in text
     assert "$value" in annotations["summary"] + annotations["description"]
     assert annotations["runbook_url"] == f"{RUNBOOKS_URL}#{rule['alert'].lower()}"
 

@@ -219,8 +219,8 @@ async def test_probes_and_metrics_on_the_public_listener(pair: Pair) -> None:
         leader = await client.get("/leader")
         assert leader.status == 200
         metrics = await (await client.get("/metrics")).text()
-        assert 'leader_sidecar_is_leader{lease="default"} 1.0' in metrics
-        assert 'leader_sidecar_term{lease="default"} 1.0' in metrics
+        assert 'leader_sidecar_is_leader{lease="default",lease_group="default"} 1.0' in metrics
+        assert 'leader_sidecar_term{lease="default",lease_group="default"} 1.0' in metrics
         assert 'leader_election_master_status{name="default"} 1.0' in metrics
         alive[0] = False
         assert (await client.get("/healthz")).status == 503

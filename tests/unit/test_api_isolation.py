@@ -22,7 +22,8 @@ STALL = 3 * LEASE
 
 def renewals(sidecar: Sidecar) -> float:
     value = sidecar.registry.get_sample_value(
-        "leader_sidecar_renewal_gap_seconds_count", {"lease": sidecar.config.lease_ref}
+        "leader_sidecar_renewal_gap_seconds_count",
+        {"lease": sidecar.config.lease_ref, "lease_group": sidecar.config.lease_ref},
     )
     return value or 0.0
 
@@ -32,7 +33,11 @@ def demotions(sidecar: Sidecar) -> float:
     for reason in ("lost", "deadline", "released", "shutdown"):
         value = sidecar.registry.get_sample_value(
             "leader_sidecar_demotions_total",
-            {"lease": sidecar.config.lease_ref, "reason": reason},
+            {
+                "lease": sidecar.config.lease_ref,
+                "lease_group": sidecar.config.lease_ref,
+                "reason": reason,
+            },
         )
         total += value or 0.0
     return total

@@ -103,7 +103,8 @@ class Rig:
 
     def demotions(self, elector: Elector, reason: str) -> float | None:
         return self.registry.get_sample_value(
-            "leader_sidecar_demotions_total", {"lease": elector.lease, "reason": reason}
+            "leader_sidecar_demotions_total",
+            {"lease": elector.lease, "lease_group": elector.lease, "reason": reason},
         )
 
     def renew_requests(self) -> float:
@@ -190,7 +191,8 @@ async def test_a_batch_sent_after_a_leases_deadline_leaves_that_lease_out(rig: R
     assert rig.demotions(a0, "deadline") == 1
     assert (
         rig.registry.get_sample_value(
-            "leader_sidecar_renewal_gap_over_half_lease_total", {"lease": "jobs-0"}
+            "leader_sidecar_renewal_gap_over_half_lease_total",
+            {"lease": "jobs-0", "lease_group": "jobs-0"},
         )
         == 1
     )

@@ -123,6 +123,11 @@ def run_cli(
         ),
         (["--lease", "Not_A_Name"], {}, ["--lease", "Not_A_Name", "lowercase DNS name"]),
         (["--log-level", "loud"], {}, ["--log-level", "loud", "one of"]),
+        (
+            [],
+            {"LEADER_SIDECAR_METRICS_PER_LEASE": "yes"},
+            ["LEADER_SIDECAR_METRICS_PER_LEASE", "yes", "true or false"],
+        ),
         ([], {"LEADER_SIDECAR_LEASE_DURATION": "0"}, ["LEADER_SIDECAR_LEASE_DURATION", "0"]),
         (
             [],

@@ -75,7 +75,9 @@ def store_of(elector: Elector) -> StrictStore:
 
 
 def sample(elector: Elector, name: str, **labels: str) -> float | None:
-    return elector.metrics.registry.get_sample_value(name, {"lease": "unit", **labels})
+    return elector.metrics.registry.get_sample_value(
+        name, {"lease": "unit", "lease_group": "unit", **labels}
+    )
 
 
 def demotions(elector: Elector, reason: str) -> float | None:

@@ -201,7 +201,7 @@ def lost_races(lease_set: LeaseSet) -> float:
     return sum(
         registry.get_sample_value(
             "leader_sidecar_store_requests_total",
-            {"lease": name, "op": "acquire", "outcome": outcome},
+            {"lease": name, "lease_group": name, "op": "acquire", "outcome": outcome},
         )
         or 0.0
         for name in lease_set.electors
@@ -240,7 +240,8 @@ async def test_replicas_starting_together_split_free_leases_without_racing(clust
         assert [lost_races(s) for s in sets] == [0.0, 0.0]
         handed = [
             s.primary.metrics.registry.get_sample_value(
-                "leader_sidecar_demotions_total", {"lease": n, "reason": "released"}
+                "leader_sidecar_demotions_total",
+                {"lease": n, "lease_group": n, "reason": "released"},
             )
             for s in sets
             for n in s.electors

@@ -114,6 +114,10 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: LEADER_SIDECAR_SHARDS
   value: {{ . | toString | quote }}
 {{- end }}
+{{- if ne (toString .Values.metrics.perLease) "" }}
+- name: LEADER_SIDECAR_METRICS_PER_LEASE
+  value: {{ .Values.metrics.perLease | toString | quote }}
+{{- end }}
 {{- with .Values.lease.group }}
 - name: LEADER_SIDECAR_GROUP
   value: {{ . | quote }}
