@@ -25,15 +25,27 @@ class ChangeFeed:
         self._etags = [status.etag for status in leases.statuses()]
         self._changed = asyncio.Event()
         self._poked: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        # A wake-up is on its way to the feed's loop: further changes ride on it. A batch of
+        # renewals or an acquire storm changes hundreds of leases at once, and each wake-up
+        # across threads is a write to the loop's socket that hands the GIL over (issue 24:
+        # thousands of them cost seconds of CPU at start-up).
+        self._pending = False
         for elector in leases.electors.values():
             elector.on_change(self._poke)
 
     def _poke(self) -> None:
         """An elector's state changed (called on the election's thread)."""
         poked = self._poked
-        if poked is not None:
-            loop, event = poked
-            loop.call_soon_threadsafe(event.set)
+        if poked is not None and not self._pending:
+            self._pending = True
+            poked[0].call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        """On the feed's loop: look at every lease again. Cleared before the look, so a change
+        made after it wakes the feed once more."""
+        self._pending = False
+        if self._poked is not None:
+            self._poked[1].set()
 
     async def follow(self) -> None:
         """Run until cancelled: the only task that wakes for the electors. It runs on the

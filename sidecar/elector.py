@@ -377,6 +377,7 @@ class Elector:
         async with self._lock:
             self._watch_asked = float("inf")
             now = self._clock.now()
+            leading = self._role is Role.LEADER
             # 1. A leader past its deadline has stopped leading, whatever the store would say:
             #    it may be partitioned from a store that already let the lease expire (rule 3).
             if self._role is Role.LEADER and now >= self._valid_until:
@@ -398,8 +399,12 @@ class Elector:
                     return self._park(now, waiting)
                 delay = await self._write_loss_down(seen)
             # 5. The watch may have seen something while we were busy (a release, our own name,
-            #    a lost grant): never wait past the moment it asked for.
+            #    a lost grant): never wait past the moment it asked for — unless this step made
+            #    us leader: then what it saw as a follower was our own grant on its way (a
+            #    renewal right after every acquire doubled the writes of a start-up).
             now = self._clock.now()
+            if not leading and self._role is Role.LEADER:
+                self._watch_asked = float("inf")
             self._next_attempt = min(now + delay, max(now, self._watch_asked))
             return delay
 
@@ -559,6 +564,11 @@ class Elector:
                     wait = self._gate(self, attempt)  # over our share, or another's turn
                     if wait > 0:
                         return wait
+                # Rule 3 counts a grant from when its request is sent: now, not when this step
+                # began. At start-up an acquire may wait seconds for a slot, and a grant timed
+                # from before that wait came with its deadline spent (issue 24: the start-up
+                # losses at the holder's own deadline).
+                sent = self._clock.now()
                 record = await self._call(
                     "acquire",
                     lambda: self.store.try_acquire(

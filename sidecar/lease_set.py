@@ -23,7 +23,7 @@ from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Timing
-from sidecar.elector import Elector, LeaderStatus, on_loop
+from sidecar.elector import Elector, LeaderStatus, Role, Transition, on_loop
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
@@ -39,6 +39,9 @@ HANDOVER_CONCURRENCY = 16  # releases in flight at once when many leases move to
 LATE_HAND_OVER = 0.05
 ROLLOUT_QUIET = 4  # leases a mix of revisions must stand still before it balances as one
 ACQUIRE_CONCURRENCY = 8  # acquires in flight at once: renewals never queue behind hundreds
+# How long the others' lease counts are reused for the share (liveness only: a count a moment
+# old makes a replica stand back, or take a lease the balancer moves later).
+COUNTS_FOR = 0.25
 
 
 class AcquireSlots:
@@ -91,6 +94,12 @@ class LeaseSet:
         self.aliases: dict[str, str] = {}  # the store's name -> the name users see
         self.stand_back = 0.0  # how long the others leave a free lease to the first in rank
         self._counted: tuple[float, dict[str, int]] | None = None
+        # The leases this replica leads, kept by the electors' transitions: the balancer's
+        # share is asked at every acquire, and counting 1,000 electors there each time cost
+        # more CPU at start-up than the acquires themselves (renewals starved: issue 24).
+        self._leading: set[str] = set()
+        for name, elector in electors.items():
+            self._track(name, elector)
         self.slots = AcquireSlots(ACQUIRE_CONCURRENCY)
         self._last_change = float("-inf")  # when some lease's holder or term last changed
         self._mix: tuple[tuple[str, str], ...] = ()  # live candidates and their revisions
@@ -100,6 +109,15 @@ class LeaseSet:
         # one lease, whose sidecar renews exactly as before batching.
         self.batching: Batching | None = None
         self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
+
+    def _track(self, name: str, elector: Elector) -> None:
+        def changed(transition: Transition) -> None:
+            if transition.role is Role.LEADER:
+                self._leading.add(name)
+            else:
+                self._leading.discard(name)
+
+        elector.on_transition(changed)
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -188,6 +206,7 @@ class LeaseSet:
                 supervisor=lease_set.supervisor,
             )
             electors[shown].on_change(lease_set._note_change)
+            lease_set._track(shown, electors[shown])
         if several and isinstance(client, RenewsMany):
             by_name = dict(zip(electors.values(), (name for name, _ in names), strict=True))
             lease_set.batching = Batching(client, by_name, lease_set.primary.metrics.store_request)
@@ -331,7 +350,7 @@ class LeaseSet:
             return 0.0
         cap = share(len(self.electors), len(live))
         # Ours fresh, plus the other acquires in flight (the caller holds one slot itself).
-        mine = len(self.held()) + self.slots.busy - 1
+        mine = len(self._leading) + self.slots.busy - 1
         if mine >= cap:
             return self.primary.timing.renew_interval
         counts = {**self._counts(), self.identity: mine}
@@ -350,10 +369,10 @@ class LeaseSet:
         return max(0.0, self.stand_back - waited)
 
     def _counts(self) -> dict[str, int]:
-        """Leases per holder as observed, recomputed at most every 50 ms (1,000 electors ask
-        at once at start-up)."""
+        """Leases per holder as observed, recomputed at most every `COUNTS_FOR` seconds
+        (1,000 electors ask at start-up, and each count looks at every lease)."""
         now = self._clock.now()
-        if self._counted is None or now - self._counted[0] > 0.05:
+        if self._counted is None or now - self._counted[0] > COUNTS_FOR:
             counts: dict[str, int] = {}
             for holder in self.holders().values():
                 if holder is not None:

@@ -64,6 +64,8 @@ class WatchHub:
         self._supervisor = supervisor  # restarts the poller if it fails
         self._watches: dict[str, set[Subscription]] = {}
         self._names: tuple[list[str], str] | None = None  # watched names, and as JSON
+        self._rows: dict[str, Any] = {}  # each watched row as last read, undecoded
+        self._fresh: set[str] = set()  # names with a watch not yet told its record
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -73,6 +75,7 @@ class WatchHub:
     def subscribe(self, name: str) -> Subscription:
         watch = Subscription(name)
         self._watches.setdefault(name, set()).add(watch)
+        self._fresh.add(name)
         self._names = None
         if self._task is None:
             self._task = self._supervisor.spawn("sqlite-watch", self._poll)
@@ -84,6 +87,7 @@ class WatchHub:
             watches.discard(watch)
             if not watches:
                 del self._watches[watch.name]
+                self._rows.pop(watch.name, None)
                 self._names = None
         watch.end()
 
@@ -108,6 +112,7 @@ class WatchHub:
                 for watches in self._watches.values():
                     for watch in watches:
                         watch.restart()
+                self._fresh.update(self._watches)
                 data_version = None
                 await asyncio.sleep(self._interval * 10)
                 continue
@@ -123,7 +128,7 @@ class WatchHub:
             watched = sorted(self._watches)
             self._names = (watched, json.dumps(watched))
         everything = self._names
-        fresh = [name for name, ws in self._watches.items() if any(w.fresh for w in ws)]
+        fresh = sorted(name for name in self._fresh if name in self._watches)
 
         def look(conn: sqlite3.Connection) -> tuple[int, list[str], list[Any]]:
             (version,) = conn.execute("PRAGMA data_version").fetchone()
@@ -136,8 +141,15 @@ class WatchHub:
             return int(version), names, conn.execute(READ_MANY, {"names": names_json}).fetchall()
 
         version, names, rows = await self._connection.run(look)
-        records = {row[0]: lease_record(row[1:]) for row in rows}
+        found = {row[0]: tuple(row[1:]) for row in rows}
         for name in names:
-            for watch in list(self._watches.get(name, ())):
-                watch.offer(records.get(name))  # absent: the row is gone (None)
+            row = found.get(name)  # absent: the row is gone (None)
+            watches = list(self._watches.get(name, ()))
+            if row == self._rows.get(name, _UNSEEN) and not any(w.fresh for w in watches):
+                continue  # as last read: no need to decode it again (1,000 rows per write)
+            self._rows[name] = row
+            record = lease_record(row) if row is not None else None
+            for watch in watches:
+                watch.offer(record)
+        self._fresh.difference_update(names)
         return version, writes
