@@ -3,6 +3,7 @@ stay led.
 
     python -m benchmarks.many_leases                                  # SQLite, 1 and 3 replicas
     python -m benchmarks.many_leases --stores sqlite,redis --leases 10,100 --window 20
+    python -m benchmarks.many_leases --leases 1000 --replicas 3 --metrics-per-lease  # both shapes
 
 Each case starts ``--replicas`` real ``python -m sidecar`` processes at once (as a Deployment
 does) with ``--lease l --shards N`` and the default timing (lease 15 s, renew every 5 s), on a
@@ -14,11 +15,16 @@ fresh store (one SQLite file; or one ``redis-server``). Measured per replica:
 - then, after 5 s more, a window of ``--window`` seconds: **store requests/s** (the rise of
   the sidecar's own ``leader_sidecar_store_requests_total``, every label summed, over the
   window, each scrape timed at its middle), **CPU %** of one core (``utime + stime`` from
-  ``/proc/<pid>/stat``), **RSS** (``VmRSS`` at the end);
+  ``/proc/<pid>/stat``), **RSS** (``VmRSS`` at the end), and what one scrape of its
+  ``/metrics`` costs Prometheus at the end: **series** (samples in the exposition) and **KB**;
 - **health** over the whole run: ``leader_sidecar_demotions_total`` by reason (``released``
   is the balancer handing leases to a replica that joined; anything else is a lease lost),
   ``leader_sidecar_renewal_gap_over_half_lease_total``, and any ``/leases`` poll during the
   window (every 5 s) in which some lease had no leader.
+
+``--metrics-per-lease`` runs every case a second time with ``--metrics-per-lease true`` (every
+metric labelled by lease, what all sidecars exported before lease groups) beside the default,
+for the scrape's series and KB side by side.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Case:
     store: str
     leases: int
     replicas: int
+    per_lease: bool = False  # --metrics-per-lease true
     all_led: float | None = None
     balanced: float | None = None
     requests: list[float] = dataclasses.field(default_factory=list)  # per replica, per second
@@ -63,6 +70,8 @@ class Case:
     cpu: list[float] = dataclasses.field(default_factory=list)  # % of one core
     rss: list[float] = dataclasses.field(default_factory=list)
     held: list[int] = dataclasses.field(default_factory=list)
+    series: list[int] = dataclasses.field(default_factory=list)  # per scrape of /metrics
+    scrape_kb: list[float] = dataclasses.field(default_factory=list)
     demotions: Counter[str] = dataclasses.field(default_factory=Counter)
     gap_alerts: float = 0
     gap_alerts_window: float = 0
@@ -100,6 +109,13 @@ async def metrics(
     return when, out
 
 
+async def scrape_size(session: aiohttp.ClientSession, replica: SidecarProcess) -> tuple[int, int]:
+    """(series, bytes) of one scrape of the replica's /metrics."""
+    _, text = await _get(session, f"http://{replica.public}/metrics")
+    series = sum(len(family.samples) for family in text_string_to_metric_families(text))
+    return series, len(text.encode())
+
+
 async def held(session: aiohttp.ClientSession, replicas: list[SidecarProcess]) -> list[set[str]]:
 
     result = []
@@ -133,6 +149,8 @@ async def run_case(case: Case, window: float) -> Case:
     ):
         try:
             args = ["--lease", "l", "--shards", str(case.leases), "--log-level", "info"]
+            if case.per_lease:
+                args += ["--metrics-per-lease", "true"]
             began = time.monotonic()
             try:
                 replicas = list(
@@ -191,6 +209,10 @@ async def run_case(case: Case, window: float) -> Case:
             case.cpu = [100 * (c1 - c0) / elapsed for c0, c1 in zip(cpu0, cpu1, strict=True)]
             case.rss = [rss_mib(r.proc.pid) for r in replicas]
             case.held = [len(s) for s in await held(session, replicas)]
+            for replica in replicas:
+                series, size = await scrape_size(session, replica)
+                case.series.append(series)
+                case.scrape_kb.append(size / 1000)
         finally:
             await session.close()
             for replica in replicas:
@@ -207,9 +229,10 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def row(case: Case) -> str:
-    head = f"| {case.store} | {case.leases} | {case.replicas} |"
+    shape = " (per lease)" if case.per_lease else ""
+    head = f"| {case.store} | {case.leases}{shape} | {case.replicas} |"
     if case.failed:
-        return f"{head} did not start: {case.failed} | | | | | |"
+        return f"{head} did not start: {case.failed} | | | | | | |"
     led = f"{case.all_led:.2f} s" if case.all_led is not None else "not within 120 s"
     if case.replicas > 1:
         led += f" (balanced {case.balanced:.2f} s)" if case.balanced else " (never balanced)"
@@ -221,14 +244,15 @@ def row(case: Case) -> str:
     )
     return (
         f"{head} {led} | {_spread(case.requests, '.1f')} | {_spread(case.cpu, '.1f')} | "
-        f"{_spread(case.rss, '.0f')} | {'/'.join(map(str, case.held))} | {health} |"
+        f"{_spread(case.rss, '.0f')} | {_spread(case.series, ',')} / "
+        f"{_spread(case.scrape_kb, ',.0f')} | {'/'.join(map(str, case.held))} | {health} |"
     )
 
 
 HEADER = (
     "| store | leases | replicas | spawn → all led | store requests/s per replica | "
-    "CPU % per replica | RSS MiB per replica | leases held | health |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "CPU % per replica | RSS MiB per replica | series / KB per scrape | leases held | health |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -238,19 +262,27 @@ async def main() -> None:
     parser.add_argument("--leases", default="10,100,1000")
     parser.add_argument("--replicas", default="1,3")
     parser.add_argument("--window", type=float, default=25.0)
+    parser.add_argument(
+        "--metrics-per-lease",
+        action="store_true",
+        help="also run each case with --metrics-per-lease true (every metric per lease)",
+    )
     options = parser.parse_args()
     cases = []
     for store in options.stores.split(","):
         for replicas in map(int, options.replicas.split(",")):
             for leases in map(int, options.leases.split(",")):
-                case = await run_case(Case(store, leases, replicas), options.window)
-                ops = {k: round(v, 1) for k, v in sorted(case.by_op.items()) if v}
-                print(
-                    f"[{time.strftime('%H:%M:%S')}] {row(case)} requests/s by op:outcome, "
-                    f"all replicas: {ops}",
-                    flush=True,
-                )
-                cases.append(case)
+                for per_lease in (False, True) if options.metrics_per_lease else (False,):
+                    case = await run_case(
+                        Case(store, leases, replicas, per_lease=per_lease), options.window
+                    )
+                    ops = {k: round(v, 1) for k, v in sorted(case.by_op.items()) if v}
+                    print(
+                        f"[{time.strftime('%H:%M:%S')}] {row(case)} requests/s by op:outcome, "
+                        f"all replicas: {ops}",
+                        flush=True,
+                    )
+                    cases.append(case)
     print()
     print(HEADER)
     for case in cases:
