@@ -39,7 +39,9 @@ async def make_client() -> AsyncIterator[ClientFactory]:
 
     def make(url: str, request_timeout: float = 2.0, **options: object) -> PostgresStoreClient:
         client = PostgresStoreClient(
-            parse_target(url), request_timeout=request_timeout, **options  # type: ignore[arg-type]
+            parse_target(url),
+            request_timeout=request_timeout,
+            **options,  # type: ignore[arg-type]
         )
         clients.append(client)
         return client

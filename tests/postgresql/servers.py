@@ -274,8 +274,13 @@ class PostgresServer:
 
     # -- talking to it ----------------------------------------------------------------------
 
-    def url(self, database: str = "postgres", user: str = SUPERUSER, password: str | None = None,
-            **query: str) -> str:
+    def url(
+        self,
+        database: str = "postgres",
+        user: str = SUPERUSER,
+        password: str | None = None,
+        **query: str,
+    ) -> str:
         secret = self.password if password is None and user == SUPERUSER else password
         auth = f"{user}:{secret}" if secret else user
         tail = "&".join(f"{k}={v}" for k, v in query.items())

@@ -78,9 +78,7 @@ async def test_a_newer_grant_waits_until_a_transaction_that_passed_the_fence_end
         await app.execute("INSERT INTO app_writes VALUES ($1)", granted.term)
         watched = await follower.read()
         assert watched is not None
-        grant = asyncio.create_task(
-            follower.try_acquire("b_1", LEASE, 0, expected=watched.version)
-        )
+        grant = asyncio.create_task(follower.try_acquire("b_1", LEASE, 0, expected=watched.version))
         await asyncio.sleep(0.5)
         assert not grant.done(), "a newer grant committed while a fenced transaction was open"
         committed = time.monotonic()

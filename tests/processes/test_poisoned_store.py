@@ -124,9 +124,7 @@ async def test_poisoned_candidate_rows_and_a_ghost_leave_the_leases_balanced_and
     store = f"sqlite:///{db}"
     with sidecars(["a"], store, args=LEASES, lease_duration=f"{LEASE}s") as first:
         async with aiohttp.ClientSession() as session:
-            await until(
-                lambda: _count(session, first, 3), 10, "a alone leads the three leases"
-            )
+            await until(lambda: _count(session, first, 3), 10, "a alone leads the three leases")
             ghost(db, b"\xff\x00")
             ghost(db, "ghost-priority", priority="abc")
             ghost(db, "ghost-started", started_at="not-a-date")
@@ -202,9 +200,7 @@ async def test_a_poisoned_lease_row_is_waited_out_and_every_lease_is_led_again(
     store = f"sqlite:///{db}"
     with sidecars(["a", "b", "c"], store, args=LEASES, lease_duration=f"{LEASE}s") as procs:
         async with aiohttp.ClientSession() as session:
-            before = await until(
-                lambda: _all_led(session, procs), 15, "every lease led"
-            )
+            before = await until(lambda: _all_led(session, procs), 15, "every lease led")
             hand_edit(db, "UPDATE leases SET renewed_at = 'garbage' WHERE name = 'c'")
             hand_edit(db, "UPDATE leases SET term = 9223372036854775807 WHERE name = 'b'")
             poisoned = time.monotonic()
