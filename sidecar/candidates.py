@@ -22,7 +22,13 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime
 
-from sidecar.backends.base import Candidate, CandidateRegistry, StoreError, StoreUnavailable
+from sidecar.backends.base import (
+    Candidate,
+    CandidateRegistry,
+    ListsOnBeat,
+    StoreError,
+    StoreUnavailable,
+)
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import Throttle, log
 from sidecar.probe import StoreProbe
@@ -202,11 +208,24 @@ class CandidateBeat:
         self._sent[version] = started
         while len(self._sent) > BEATS_REMEMBERED:
             del self._sent[next(iter(self._sent))]
+        me = dataclasses.replace(self.view.me, version=version)
+        registry = self.registry
+        # The group is read at every beat (unless a stream brings every record): in the same
+        # request where the store can, so that a replica sends one request per beat, not two.
+        listing = (
+            self._needs_list()
+            and not (self.current() and self._streams_records())
+            and isinstance(registry, ListsOnBeat)
+        )
+        number = self._next_number() if listing else 0
+        records: list[Candidate] = []
         try:
             async with asyncio.timeout(self.request_timeout):
-                await self.registry.beat(
-                    dataclasses.replace(self.view.me, version=version), self.lease_duration
-                )
+                if listing:
+                    assert isinstance(registry, ListsOnBeat)
+                    records = await registry.beat_and_list(me, self.lease_duration)
+                else:
+                    await registry.beat(me, self.lease_duration)
         except (StoreError, TimeoutError) as exc:
             self._count("candidate_beat", _outcome(exc), self._clock.now() - started)
             self._failed(exc)
@@ -214,6 +233,11 @@ class CandidateBeat:
             return False
         self._count("candidate_beat", "ok", self._clock.now() - started)
         self._answered()
+        if listing:
+            if number > self._applied:  # else the view already holds something newer
+                self._applied = number
+                self._observe(records)
+            return True
         if not self._needs_list():
             return True
         if self.current() and self._streams_records():

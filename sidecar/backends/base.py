@@ -325,6 +325,21 @@ class CandidateRegistry(Protocol):
 
 
 @runtime_checkable
+class ListsOnBeat(Protocol):
+    """A `CandidateRegistry` that writes a beat and reads the group in one request (issue 24:
+    with several leases a replica beats and reads the group every renew interval; as two
+    requests they were two of every three it sent, batched renewals being the third).
+
+    ``beat_and_list(candidate, duration)`` is `CandidateRegistry.beat` then
+    `CandidateRegistry.list`, in one atomic step: every record the store holds once the beat
+    is written (this replica's included). Raises `StoreUnavailable`."""
+
+    async def beat_and_list(self, candidate: Candidate, duration: float) -> list[Candidate]:
+        """Write ``candidate``'s beat and read every record of the group (see the class)."""
+        ...
+
+
+@runtime_checkable
 class StoreClient(Protocol):
     """One connection to one store, shared by every lease a sidecar holds (1,000 leases
     must not mean 1,000 connections, pollers or watch streams)."""

@@ -251,6 +251,11 @@ class MemoryCandidates:
         if old is None or _announced(old) != _announced(candidate):
             self._announce()
 
+    async def beat_and_list(self, candidate: Candidate, duration: float) -> list[Candidate]:
+        """`ListsOnBeat`: nothing awaits between the two."""
+        await self.beat(candidate, duration)
+        return await self.list()
+
     async def list(self) -> list[Candidate]:
         """Checked, as a store's decoding checks them (a test may plant anything)."""
         return [

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sidecar.backends.base import Candidate, LeaseHeld, NotOwned
+from sidecar.backends.base import Candidate, LeaseHeld, ListsOnBeat, NotOwned
 from tests.contract.harness import StoreHarness
 from tests.contract.test_contract import LEASE, take, watching
 
@@ -201,6 +201,28 @@ async def test_candidates_beat_list_and_leave(harness: StoreHarness) -> None:
     assert await other.candidates(f"{harness.lease_name}-elsewhere").list() == []
     await mine.leave("a_1")
     assert [c.identity for c in await theirs.list()] == ["b_1"]
+
+
+async def test_a_beat_that_lists_writes_the_beat_and_answers_the_group_after_it(
+    harness: StoreHarness,
+) -> None:
+    """`ListsOnBeat`: one request writes this replica's beat (a new version, seen by the
+    others) and answers every record of the group as it is after that write."""
+    one, other = harness.new_client(), harness.new_client()
+    group = f"{harness.lease_name}-listed"
+    mine = one.candidates(group)
+    if not isinstance(mine, ListsOnBeat):
+        pytest.skip(f"{one.description} beats and lists in two requests")
+    await other.candidates(group).beat(Candidate("b_1", "7", "", 0, False, None), LEASE)
+    listed = await mine.beat_and_list(Candidate("a_1", "11", "rev-a", 2, False, None), LEASE)
+    assert {(c.identity, c.version, c.revision) for c in listed} == {
+        ("a_1", "11", "rev-a"),
+        ("b_1", "7", ""),
+    }
+    again = await mine.beat_and_list(Candidate("a_1", "12", "rev-a", 2, True, None), LEASE)
+    assert {c.identity: (c.version, c.leaving) for c in again}["a_1"] == ("12", True)
+    seen = {c.identity: c.version for c in await other.candidates(group).list()}
+    assert seen == {"a_1": "12", "b_1": "7"}
 
 
 async def test_a_follower_of_the_group_hears_each_join_leaving_mark_and_leave(

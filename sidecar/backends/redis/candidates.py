@@ -40,6 +40,17 @@ class RedisCandidates:
         self._following = 0  # `changes` running
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
+        await self._beat(candidate, duration, listing=False)
+
+    async def beat_and_list(self, candidate: Candidate, duration: float) -> list[Candidate]:
+        """`ListsOnBeat`: one script writes the beat and answers the hash after it."""
+        fields = await self._beat(candidate, duration, listing=True)
+        # Each checked: a value that is not ours is left out, not the whole group.
+        return [
+            _candidate(str(fields[i]), str(fields[i + 1])) for i in range(0, len(fields) - 1, 2)
+        ]
+
+    async def _beat(self, candidate: Candidate, duration: float, *, listing: bool) -> Any:
         wall = self.client.clock.wall()
         now_ms = ms(wall.timestamp())
         value = json.dumps(
@@ -55,12 +66,14 @@ class RedisCandidates:
             separators=(",", ":"),
         )
 
-        async def work() -> None:
+        script = self.client.beat_and_list_script if listing else self.client.beat_script
+
+        async def work() -> Any:
             async with self.client.borrowed() as conn:
                 args: list[str | int] = [candidate.identity, value, now_ms, self._channel]
-                await self.client.beat_script(keys=[self._key], args=args, client=conn)
+                return await script(keys=[self._key], args=args, client=conn)
 
-        await self.client.guarded(work, self._key)
+        return await self.client.guarded(work, self._key)
 
     async def list(self) -> list[Candidate]:
         async def work() -> list[Candidate]:

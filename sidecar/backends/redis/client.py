@@ -32,6 +32,7 @@ from sidecar.backends.redis.hub import ChannelHub
 from sidecar.backends.redis.scripts import (
     ACQUIRE,
     BEAT,
+    BEAT_AND_LIST,
     HAND_OVER,
     LEAVE,
     MARK_LOST,
@@ -111,6 +112,7 @@ class RedisStoreClient:
         self.read_script = self.redis.register_script(READ)
         self.mark_lost_script = self.redis.register_script(MARK_LOST)
         self.beat_script = self.redis.register_script(BEAT)
+        self.beat_and_list_script = self.redis.register_script(BEAT_AND_LIST)
         self.leave_script = self.redis.register_script(LEAVE)
         self.master_generation = 0  # bumped on every Sentinel +switch-master
         # Bumped whenever the server may have lost writes this process saw (the pub/sub

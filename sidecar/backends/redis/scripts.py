@@ -347,8 +347,9 @@ return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 # a hand-over chooses by (revision, priority, leaving): a leader following the group reads it
 # again then, and need not read it before handing a lease over. A record that is not ours
 # counts as new.
-# Returns the number of records dropped.
-BEAT = """
+# Returns the number of records dropped (`BEAT`), or the hash as it is after the beat
+# (`BEAT_AND_LIST`: HGETALL's reply, one beat and one read in one request).
+_BEAT = """
 local now = tonumber(ARGV[3])
 local function decoded(value)
   local ok, record = pcall(cjson.decode, value or '')
@@ -383,8 +384,9 @@ end
 if last > now then
   redis.call('PEXPIRE', KEYS[1], string.format('%d', last - now))
 end
-return dropped
 """
+BEAT = _BEAT + "return dropped\n"
+BEAT_AND_LIST = _BEAT + "return redis.call('HGETALL', KEYS[1])\n"
 
 
 # A candidate's graceful exit. KEYS[1] the group's hash. ARGV[1] identity, ARGV[2] the group's

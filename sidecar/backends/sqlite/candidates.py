@@ -31,6 +31,13 @@ class SQLiteCandidates:
         self.group = group
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
+        await self._beat(candidate, duration, listing=False)
+
+    async def beat_and_list(self, candidate: Candidate, duration: float) -> list[Candidate]:
+        """`ListsOnBeat`: the beat and the read in one transaction."""
+        return _candidates(await self._beat(candidate, duration, listing=True))
+
+    async def _beat(self, candidate: Candidate, duration: float, *, listing: bool) -> list[Any]:
         now = self.client.clock.wall()
         params: dict[str, Any] = {
             "group": self.group,
@@ -45,31 +52,21 @@ class SQLiteCandidates:
             "cutoff": _stamp(now - timedelta(seconds=FORGET_AFTER_LEASES * duration)),
         }
 
-        def beat(conn: sqlite3.Connection) -> None:
+        def beat(conn: sqlite3.Connection) -> list[Any]:
             with transaction(conn):
                 conn.execute(FORGET_SILENT, params)
                 conn.execute(BEAT, params)
+                if not listing:
+                    return []
+                return conn.execute(LIST, {"group": self.group}).fetchall()
 
-        await self.client.connection.run(beat)
+        return await self.client.connection.run(beat)
 
     async def list(self) -> list[Candidate]:
         def fetch(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(LIST, {"group": self.group}).fetchall()
 
-        return [  # checked: after a hand edit any column may hold any type
-            records.candidate(
-                identity=identity,
-                version=str(version) if type(version) is int else version,
-                revision=revision,
-                priority=priority,
-                leaving=leaving,
-                started_at=started_at,
-                beat_at=beat_at,
-            )
-            for identity, version, revision, priority, leaving, started_at, beat_at in (
-                await self.client.connection.run(fetch)
-            )
-        ]
+        return _candidates(await self.client.connection.run(fetch))
 
     async def leave(self, identity: str) -> None:
         params = {"group": self.group, "identity": identity}
@@ -88,3 +85,18 @@ class SQLiteCandidates:
 
     def following(self) -> bool:
         return False
+
+
+def _candidates(rows: list[Any]) -> list[Candidate]:
+    return [  # checked: after a hand edit any column may hold any type
+        records.candidate(
+            identity=identity,
+            version=str(version) if type(version) is int else version,
+            revision=revision,
+            priority=priority,
+            leaving=leaving,
+            started_at=started_at,
+            beat_at=beat_at,
+        )
+        for identity, version, revision, priority, leaving, started_at, beat_at in rows
+    ]
