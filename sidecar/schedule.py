@@ -202,6 +202,13 @@ class Scheduler:
 
     def _start(self, work: Awaitable[object], electors: Sequence[Elector]) -> None:
         self._busy.update(electors)
+        for elector in electors:
+            # Its timers still run while it is out (rule 3): a lease whose deadline passes
+            # during a batch demotes at the deadline — its transition, the demotion actions,
+            # the gap alert — not when the batch answers or times out, a request timeout later.
+            # (An elector taken from the heap as due has no entry left; one that joined a batch
+            # early keeps its own, which `_pop_due` turns into its timers.)
+            self._push(elector, min(elector.timers(), default=INFINITY))
 
         async def run() -> None:
             await work

@@ -4,7 +4,9 @@ rule 1 per lease, rule 3's deadline per lease counted from when the batch was se
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -19,7 +21,7 @@ from sidecar.backends.base import (
 )
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.config import Timing
-from sidecar.elector import Elector, Role
+from sidecar.elector import Elector, Role, Transition
 from sidecar.metrics import Metrics
 from sidecar.probe import StoreProbe
 from sidecar.schedule import Batching, Scheduler
@@ -239,3 +241,84 @@ async def test_a_batch_nothing_is_known_of_fails_every_lease_alike(rig: Rig) -> 
         assert elector.status().valid_for == pytest.approx(TIMING.lease_duration - MARGIN - 3.0)
     assert rig.probe.refusing
     assert rig.renew_requests() == 1
+
+
+class Stalling(MemoryStoreClient):
+    """The in-memory client whose batches fail at once until ``hang_from`` (monotonic), and
+    never answer from then on (each is cut by the scheduler's request timeout)."""
+
+    def __init__(self, server: MemoryServer) -> None:
+        super().__init__(server)
+        self.hang_from = float("inf")
+        self.sent: list[float] = []
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        now = time.monotonic()
+        self.sent.append(now)
+        if now < self.hang_from:
+            raise StoreUnavailable("connection refused")
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_lease_whose_deadline_passes_while_its_batch_is_out_demotes_at_the_deadline() -> (
+    None
+):
+    """Rule 3 in the scheduler's loop: a batch sent before a lease's deadline and still out when
+    it passes does not hold the demotion back until the batch times out. The demotion (its
+    transition: the webhook, the signal, the Event) comes at the deadline, as a renewal of its
+    own cut at the deadline does."""
+    timing = Timing(lease_duration=3.0, renew_interval=1.0, retry_period=0.3, request_timeout=0.9)
+    server = MemoryServer()
+    client = Stalling(server)
+    registry = CollectorRegistry()
+    names = ["jobs-0", "jobs-1"]
+    electors = [
+        Elector(
+            client.lease(name),
+            timing,
+            "a_0000",
+            name,
+            metrics=Metrics(registry, name, timing.lease_duration),
+            rng=random.Random(7),
+        )
+        for name in names
+    ]
+    for elector in electors:
+        await elector.step()
+        assert elector.is_leader()
+    deadline = time.monotonic() + min(e.status().valid_for for e in electors)
+    # Fail at once until 0.6 s before the deadline (retried every 0.3-0.45 s), then stall: the
+    # last retry goes out in [deadline - 0.6, deadline - 0.15] and would time out 0.9 s later,
+    # at least 0.3 s past the deadline.
+    client.hang_from = deadline - 0.6
+    demoted: list[tuple[float, str]] = []
+    all_demoted = asyncio.Event()
+
+    def note(transition: Transition) -> None:
+        if transition.role is Role.FOLLOWER:
+            demoted.append((time.monotonic(), transition.reason))
+            if len(demoted) == len(electors):
+                all_demoted.set()
+
+    for elector in electors:
+        elector.on_transition(note)
+    scheduler = Scheduler(
+        electors,
+        batching=Batching(
+            client, dict(zip(electors, names, strict=True)), electors[0].metrics.store_request
+        ),
+    )
+    task = asyncio.create_task(scheduler.run())
+    try:
+        async with asyncio.timeout(deadline - time.monotonic() + 2 * timing.request_timeout):
+            await all_demoted.wait()
+    finally:
+        for elector in electors:
+            elector.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert any(sent >= client.hang_from for sent in client.sent)  # a batch was out at the deadline
+    assert [reason for _, reason in demoted] == ["deadline", "deadline"]
+    for at, _ in demoted:
+        assert at - deadline < 0.2
