@@ -148,6 +148,7 @@ class Scheduler:
     def _pop_due(self, now: float) -> list[Elector]:
         """Every elector whose moment has come: its timers ticked, and those due for a step."""
         due: list[Elector] = []
+        later: list[tuple[Elector, float]] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             at, _, elector = heapq.heappop(heap)
@@ -156,13 +157,19 @@ class Scheduler:
             del self._queued[elector]
             elector.tick(now)
             if elector in self._busy:
-                self._push(elector, min(elector.timers(), default=INFINITY))
+                later.append((elector, min(elector.timers(), default=INFINITY)))
             elif elector.stopping:
                 continue
             elif elector.due(now):
                 due.append(elector)
             else:
-                self._push(elector, elector.wake_at())
+                later.append((elector, elector.wake_at()))
+        # Queued again only after the pass: a tick may leave a moment at or before ``now``
+        # (a leader exactly at its half-lease mark: a gap of exactly half the lease is not
+        # past it), and re-reading it at the same ``now`` would never end. The loop looks
+        # again with the clock read anew, as the one loop per elector did.
+        for elector, at in later:
+            self._push(elector, at)
         return due
 
     def _dispatch(self, due: list[Elector]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -322,3 +323,30 @@ async def test_a_lease_whose_deadline_passes_while_its_batch_is_out_demotes_at_t
     assert [reason for _, reason in demoted] == ["deadline", "deadline"]
     for at, _ in demoted:
         assert at - deadline < 0.2
+
+
+async def test_a_timer_that_a_tick_leaves_where_it_was_does_not_spin_the_loop(rig: Rig) -> None:
+    """The scheduler's pass over the due moments ends even when a tick leaves an elector's
+    next moment where it was: a leader exactly at its half-lease mark (a gap of exactly half
+    the lease is not yet past it) and waiting for a Retry-After beyond it. A pass that kept
+    re-reading that moment at the same ``now`` would spin forever, every lease of the sidecar
+    with it. (The pass runs on a thread here, so that a spin fails the test instead of hanging
+    it.)"""
+    a0 = rig.electors[0]
+    rig.clock.advance(TIMING.renew_interval)
+    rig.client.refuse = StoreUnavailable("busy", retry_after=3.0)
+    await rig.scheduler.renew([a0])
+    assert a0.is_leader()
+    half_mark = rig.clock.now() - TIMING.renew_interval + TIMING.lease_duration / 2
+    assert a0.wake_at() == half_mark < a0.status().valid_for + rig.clock.now()
+    rig.clock.advance(half_mark - rig.clock.now())
+    rig.scheduler._push(a0, a0.wake_at())
+    due: list[list[Elector]] = []
+    worker = threading.Thread(
+        target=lambda: due.append(rig.scheduler._pop_due(rig.clock.now())), daemon=True
+    )
+    worker.start()
+    worker.join(timeout=5.0)
+    assert not worker.is_alive()
+    assert due == [[]]
+    assert a0.is_leader()
