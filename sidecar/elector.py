@@ -190,7 +190,9 @@ class Elector:
         # a renewal), not a retry: only such a renewal may go early to join a batch (a retry
         # may be waiting for the store's Retry-After).
         self._on_beat = False
-        self._changed = asyncio.Event()
+        # Set (and replaced) when the ETag changes; made only once a long-poll waits on this
+        # elector (an Event is ~0.7 KB, and a sidecar may run 10,000 electors).
+        self._changed: asyncio.Event | None = None
         self._published_etag = ""
         self._transition_listeners: list[Callable[[Transition], None]] = []
         self._change_listeners: list[Callable[[], None]] = []
@@ -262,6 +264,8 @@ class Elector:
                 return status
             if status.leader:  # the deadline changes the answer even if nothing else happens
                 remaining = min(remaining, status.valid_for + 0.001)
+            if self._changed is None:
+                self._changed = asyncio.Event()
             changed = self._changed
             try:
                 async with asyncio.timeout(remaining):
@@ -291,9 +295,20 @@ class Elector:
         return await on_loop(self._loop, self.release(reason, successor=successor))
 
     def poke(self) -> None:
-        """Try again now if following (the balancer's share grew, a candidate appeared)."""
-        if self._role is not Role.LEADER and not self._stopping:
-            self._ask_for_attempt(self._clock.now())
+        """Try again now if following (the balancer's share grew, a candidate appeared, the
+        store answers again) — or, for a lease another replica holds, at its observed expiry
+        if that is sooner than the next attempt planned. A step now would only find that out
+        again: every beat pokes every follower, and a thousand steps each beat were a good
+        part of a sidecar's CPU (issue 24)."""
+        if self._role is Role.LEADER or self._stopping:
+            return
+        now = self._clock.now()
+        if self._view.blind or self._loss_to_write_down() is not None:
+            at = now
+        else:
+            at = max(now, self._view.next_attempt(now).at)
+        if at < self._next_attempt:
+            self._ask_for_attempt(at)
 
     def use_probe(self, probe: StoreProbe) -> None:
         """Wait for ``probe`` while the store refuses (see `sidecar.probe`); the owner pokes
@@ -938,8 +953,9 @@ class Elector:
         etag = self.status().etag
         if etag != self._published_etag:
             self._published_etag = etag
-            self._changed.set()
-            self._changed = asyncio.Event()
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
             for listener in self._change_listeners:
                 try:
                     listener()

@@ -169,6 +169,8 @@ class LeaseSet:
     ) -> LeaseSet:
         """``names``: (store name, name users see — ``namespace/name`` on Kubernetes)."""
         names = list(names)
+        # One generator for every elector's jitter: each of its own was 2.5 KB of state.
+        rng = rng or random.Random()
         me = Candidate(identity, "", revision, priority, False, clock.wall())
         # Several leases: the balancer needs to know within about a lease who is alive, so
         # beat every renew interval. One lease: the candidates only steer a hand-over, so beat
