@@ -113,7 +113,17 @@ class Sidecar:
             # One pod label cannot say which of several leases a pod leads: label nothing,
             # record the Events (each names its lease).
             config = dataclasses.replace(config, role_label_key="")
-        return demotion_actions(config, self.store), gap_alert_listener(config, self.store)
+        refusing = self._store_refusing
+        return (
+            demotion_actions(config, self.store, refusing),
+            gap_alert_listener(config, self.store, refusing),
+        )
+
+    def _store_refusing(self) -> bool:
+        """The sidecar's one store probe says the store refuses (`sidecar.probe`): what can
+        wait does not retry then."""
+        probe = self.leases.probe
+        return probe is not None and probe.refusing
 
     def _app_actions(self) -> list[Action]:
         """What every store does: tell the app by webhook, then by signal."""

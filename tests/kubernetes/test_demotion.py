@@ -222,6 +222,36 @@ async def test_a_refusal_that_is_not_transient_is_not_retried(
     assert naps.waits == []
 
 
+async def test_a_label_or_event_is_tried_once_while_the_store_refuses(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    """While the sidecar's store probe says the API server refuses, a label or Event that
+    fails is not retried: the one probe asks for everyone (a sidecar whose 16 leases step down
+    in an outage would otherwise retry 32 Events for minutes). Retried when it is not."""
+    await create_pod(fake, "app-0")
+    fake.faults = fake.faults.parse({"errors": [{"status": 503}]})
+    naps = Naps()
+    api = KubeApi(str(kubeconfig), 2.0)
+    refusing = [True]
+    events = LeaseEvents(
+        api, NAMESPACE, LEASE, "app-0_a", "app-0", lambda: None, sleep=naps,
+        refusing=lambda: refusing[0],
+    )  # fmt: skip
+    label = PodRoleLabel(api, NAMESPACE, "app-0", KEY, sleep=naps, refusing=lambda: refusing[0])
+    try:
+        with pytest.raises(RuntimeError):
+            await events(stopped_leading("app-0_a", "deadline"))
+        with pytest.raises(RuntimeError):
+            await label(stopped_leading("app-0_a", "deadline"))
+        assert (len(event_posts(fake)), len(pod_patches(fake)), naps.waits) == (1, 1, [])
+        refusing[0] = False
+        with pytest.raises(RuntimeError):
+            await events(stopped_leading("app-0_a", "deadline"))
+    finally:
+        await api.close()
+    assert len(event_posts(fake)) == 1 + RETRIES + 1
+
+
 async def test_transient_failures_are_retried_a_few_times(
     fake: FakeApiServer, kubeconfig: Path
 ) -> None:

@@ -139,8 +139,11 @@ def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
     return lambda: None
 
 
-def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
-    """Relabel pods, then record the Event, on every transition."""
+def demotion_actions(
+    config: Config, store: LeaseStore, refusing: Callable[[], bool] = lambda: False
+) -> list[Action]:
+    """Relabel pods, then record the Event, on every transition; not retried while
+    ``refusing`` (the sidecar's store probe says the API server refuses)."""
     from sidecar.backends.kubernetes.demotion import PodRoleLabel
 
     api, lease_uid = _api_of(config, store)
@@ -153,6 +156,7 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
                 config.pod_name,
                 config.role_label_key,
                 _previous_holder(store),
+                refusing=refusing,
             )
         )
     else:
@@ -163,16 +167,23 @@ def demotion_actions(config: Config, store: LeaseStore) -> list[Action]:
             why="--role-label-key is empty" if not config.role_label_key else "POD_NAME is not set",
             hint="set POD_NAME from the downward API (fieldRef: metadata.name)",
         )
-    actions.append(_lease_events(config, api, lease_uid))
+    actions.append(_lease_events(config, api, lease_uid, refusing))
     return actions
 
 
-def gap_alert_listener(config: Config, store: LeaseStore) -> Callable[[GapAlert], Awaitable[None]]:
+def gap_alert_listener(
+    config: Config, store: LeaseStore, refusing: Callable[[], bool] = lambda: False
+) -> Callable[[GapAlert], Awaitable[None]]:
     """A Warning Event for each renewal gap past half the lease."""
-    return _lease_events(config, *_api_of(config, store)).gap
+    return _lease_events(config, *_api_of(config, store), refusing).gap
 
 
-def _lease_events(config: Config, api: KubeApi, lease_uid: Callable[[], str | None]) -> LeaseEvents:
+def _lease_events(
+    config: Config,
+    api: KubeApi,
+    lease_uid: Callable[[], str | None],
+    refusing: Callable[[], bool],
+) -> LeaseEvents:
     from sidecar.backends.kubernetes.demotion import LeaseEvents
 
     return LeaseEvents(
@@ -183,4 +194,5 @@ def _lease_events(config: Config, api: KubeApi, lease_uid: Callable[[], str | No
         config.pod_name,
         lease_uid,
         pod_namespace=pod_namespace(config),
+        refusing=refusing,
     )

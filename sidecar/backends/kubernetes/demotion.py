@@ -13,7 +13,11 @@ replica's transitions land in one timeline (``kubectl describe lease NAME``, or
 election records them. Renewal gaps past half the lease are Warning Events too.
 
 Both are best effort, retried as client-go retries a request (`retried`): ``/leader`` already
-answered 503 before any of this runs, and a failed label never blocks the election.
+answered 503 before any of this runs, and a failed label never blocks the election. While the
+sidecar's store probe says the API server refuses (`sidecar.probe`), they are tried once and not
+retried: a sidecar whose 16 leases all step down in an outage would otherwise retry 32 Events
+(each lease's Event and renewal-gap Event) for minutes against an API server that is already
+failing.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ RETRIES = 10
 FIRST_DELAY = 0.1
 MAX_DELAY = 5.0
 Sleep = Callable[[float], Awaitable[None]]
+Refusing = Callable[[], bool]
+"""Whether the sidecar's store probe says the API server refuses (then: no retries)."""
+
+
+def never() -> bool:
+    return False
+
 
 _STOPPED = {
     "lost": ("Warning", "another replica holds the lease now, or it was deleted"),
@@ -64,18 +75,20 @@ async def retried(
     *,
     sleep: Sleep = asyncio.sleep,
     rng: random.Random | None = None,
+    refusing: Refusing = never,
 ) -> Any:
     """``call``, tried again after a transient failure (no answer, 429, 5xx) up to `RETRIES`
-    times; other failures, and the last, raise at once. Each wait doubles from `FIRST_DELAY`
-    up to `MAX_DELAY`, is never shorter than the server's ``Retry-After``, and is jittered by
-    up to one more step, so sidecars throttled together do not come back together. The
-    action's own timeout (`sidecar.demotion.ActionRunner`) bounds the whole."""
+    times; other failures, and the last, raise at once, as does any failure while the store
+    is ``refusing`` (the sidecar's one probe asks for everyone then). Each wait doubles from
+    `FIRST_DELAY` up to `MAX_DELAY`, is never shorter than the server's ``Retry-After``, and is
+    jittered by up to one more step, so sidecars throttled together do not come back together.
+    The action's own timeout (`sidecar.demotion.ActionRunner`) bounds the whole."""
     uniform = (rng or random.Random()).uniform
     for attempt in range(RETRIES + 1):
         try:
             return await call()
         except CallError as error:
-            if not error.transient or attempt == RETRIES:
+            if not error.transient or attempt == RETRIES or refusing():
                 raise
             step = min(MAX_DELAY, FIRST_DELAY * 2**attempt)
             await sleep(max(step, error.retry_after or 0.0) + uniform(0.0, step))
@@ -96,9 +109,11 @@ class PodRoleLabel:
         key: str,
         previous_holder: Callable[[], str | None] = lambda: None,
         sleep: Sleep = asyncio.sleep,
+        refusing: Refusing = never,
     ) -> None:
         self.api = api
         self._sleep = sleep
+        self._refusing = refusing
         self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
@@ -127,6 +142,7 @@ class PodRoleLabel:
                     content_type=MERGE_PATCH,
                 ),
                 sleep=self._sleep,
+                refusing=self._refusing,
             )
         except CallError as error:
             if error.status == 404 and missing_ok:
@@ -160,9 +176,11 @@ class LeaseEvents:
         clock: Clock = SYSTEM_CLOCK,
         pod_namespace: str | None = None,
         sleep: Sleep = asyncio.sleep,
+        refusing: Refusing = never,
     ) -> None:
         self.api = api
         self._sleep = sleep
+        self._refusing = refusing
         self.namespace = namespace  # the Lease's, and so the Events'
         self.pod_namespace = pod_namespace or namespace
         self.lease = lease
@@ -235,6 +253,7 @@ class LeaseEvents:
                     "create event", "POST", core_path(self.namespace, "events"), body=event
                 ),
                 sleep=self._sleep,
+                refusing=self._refusing,
             )
         except CallError as error:
             raise RuntimeError(f"could not record the Event '{message}': {error}") from None
