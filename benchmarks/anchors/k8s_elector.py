@@ -6,6 +6,10 @@ refuses less), the Lease must exist (its own create fails), and ``run()`` is res
 transport error ends it. It never releases: SIGTERM simply ends the process. ``/leader`` is
 ``200`` between its ``onstarted_leading`` and ``onstopped_leading`` callbacks.
 
+Several leases (``--lease a,b,c``, the brownout benchmark's 16 shards): one ``LeaderElection``
+per lease on one ``ApiClient``, as a team using this client would write it (it has no notion of
+several leases); ``/leader`` is then ``200`` while it leads any of them.
+
     python -m benchmarks.anchors.k8s_elector --kubeconfig F --namespace demo --lease l \
         --lease-duration 3 --renew-deadline 2 --retry-period 1
 """
@@ -47,34 +51,44 @@ async def main(args: argparse.Namespace) -> None:
     configuration = Configuration()
     await config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration)
     api = ApiClient(configuration)
-    lock = CountingLeaseLock(state, args.lease, args.namespace, state.identity, api)
     server = await serve(state, args.port)
+    leading: set[str] = set()
 
-    async def started() -> None:
-        state.lead()
+    async def elect(lease: str) -> None:
+        lock = CountingLeaseLock(state, lease, args.namespace, state.identity, api)
 
-    async def stopped() -> None:
-        state.follow()
+        async def started() -> None:
+            leading.add(lease)
+            state.lead()
 
-    while True:
-        election = leaderelection.LeaderElection(
-            electionconfig.Config(
-                lock,
-                lease_duration=args.lease_duration,
-                renew_deadline=args.renew_deadline,
-                retry_period=args.retry_period,
-                onstarted_leading=started,
-                onstopped_leading=stopped,
+        async def stopped() -> None:
+            leading.discard(lease)
+            if not leading:
+                state.follow()
+
+        while True:
+            election = leaderelection.LeaderElection(
+                electionconfig.Config(
+                    lock,
+                    lease_duration=args.lease_duration,
+                    renew_deadline=args.renew_deadline,
+                    retry_period=args.retry_period,
+                    onstarted_leading=started,
+                    onstopped_leading=stopped,
+                )
             )
-        )
-        try:
-            await election.run()  # returns after losing the lease
-        except Exception:  # a transport error ends run(): start over as a follower
-            logging.warning("election ended by an error; restarting", exc_info=True)
-        finally:
-            state.follow()
-        await asyncio.sleep(args.retry_period)
-    server.close()
+            try:
+                await election.run()  # returns after losing the lease
+            except Exception:  # a transport error ends run(): start over as a follower
+                logging.warning("election ended by an error; restarting", exc_info=True)
+            finally:
+                await stopped()
+            await asyncio.sleep(args.retry_period)
+
+    try:
+        await asyncio.gather(*(elect(lease) for lease in args.lease.split(",")))
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":
