@@ -193,7 +193,7 @@ class Elector:
         # Set (and replaced) when the ETag changes; made only once a long-poll waits on this
         # elector (an Event is ~0.7 KB, and a sidecar may run 10,000 electors).
         self._changed: asyncio.Event | None = None
-        self._published_etag = ""
+        self._published: tuple[bool, str | None, int] | None = None  # `_shown` when published
         self._transition_listeners: list[Callable[[Transition], None]] = []
         self._change_listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
@@ -207,17 +207,19 @@ class Elector:
         """Rule 4: judged now, against the deadline, never from a cached flag."""
         return self._role is Role.LEADER and self._clock.now() < self._valid_until
 
+    def _shown(self, now: float) -> tuple[bool, str | None, int]:
+        """What the ETag is made of: leading now, the holder, the term."""
+        if self._role is Role.LEADER:
+            return now < self._valid_until, self.identity, self._term
+        observed = self._view.record
+        holder = observed.holder if observed else None
+        known = observed is not None and observed.unreadable is None
+        term = observed.term if observed is not None and known else self._view.high_water
+        return False, holder, term
+
     def status(self) -> LeaderStatus:
         now = self._clock.now()
-        leading = self._role is Role.LEADER and now < self._valid_until
-        if self._role is Role.LEADER:
-            holder: str | None = self.identity
-            term = self._term
-        else:
-            observed = self._view.record
-            holder = observed.holder if observed else None
-            known = observed is not None and observed.unreadable is None
-            term = observed.term if observed is not None and known else self._view.high_water
+        leading, holder, term = self._shown(now)
         return LeaderStatus(
             leader=leading,
             identity=self.identity,
@@ -950,9 +952,11 @@ class Elector:
                 logger.exception("transition listener failed")
 
     def _publish(self) -> None:
-        etag = self.status().etag
-        if etag != self._published_etag:
-            self._published_etag = etag
+        """Tell the listeners if the ETag changed: compared by what it is made of, since
+        every renewal seen by every follower comes through here."""
+        shown = self._shown(self._clock.now())
+        if shown != self._published:
+            self._published = shown
             if self._changed is not None:
                 self._changed.set()
                 self._changed = None

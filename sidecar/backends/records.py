@@ -49,6 +49,7 @@ Either is logged (at most one line per 10 s) and counted
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from datetime import UTC, datetime
@@ -221,7 +222,11 @@ def wall_time(field: str, value: object) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse_iso(field: str, text: str) -> datetime:
+    """Cached: a batch renews a thousand leases under one stamp, and every replica reads each
+    of them (a grant's acquired_at comes back at every renewal too). Datetimes are immutable;
+    a text that is not a timestamp raises, which is not cached."""
     head, dot, rest = text.partition(".")
     if dot:  # fromisoformat takes at most six fractional digits before Python 3.12
         digits = len(rest) - len(rest.lstrip(_FRACTION_DIGITS))
