@@ -9,7 +9,8 @@ its request line is in (counted: it is a request a down API server would have re
 
 aiohttp (both clients measured use it) sends an idempotent request (GET, PUT, DELETE) once
 more, at once, when its connection is reset (RFC 9112's retry of a persistent connection): the
-same request line within `RESEND_WINDOW` of the last refused one is that resend, counted apart
+same request line within `RESEND_WINDOW` of a refused one is that resend (a process with several
+leases sends several requests at once: the same line, not the last one), counted apart
 (``resent``), not as a request of its own — the client decided to send one.
 """
 
@@ -60,7 +61,7 @@ class CountingProxy:
         self.upstream = upstream
         self.requests: list[tuple[float, str]] = []  # (monotonic time, kind)
         self.resent: list[float] = []  # aiohttp's resends of a refused request (see above)
-        self._last_refused: tuple[float, bytes] = (float("-inf"), b"")
+        self._refused_at: dict[bytes, float] = {}  # request line → when last refused
         self.down = False
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -137,13 +138,14 @@ class CountingProxy:
                 line = await reader.readline()
                 method, target, _ = line.decode("latin-1").split(" ", 2)
                 now = time.monotonic()
-                last_at, last_line = self._last_refused
-                resend = method in ("GET", "PUT", "DELETE") and line == last_line
-                if resend and now - last_at < RESEND_WINDOW:
+                idempotent = method in ("GET", "PUT", "DELETE")
+                if idempotent and now - self._refused_at.get(line, float("-inf")) < RESEND_WINDOW:
                     self.resent.append(now)
                 else:
                     self.count(kind_of(method, target))
-                self._last_refused = (now, line)
+                self._refused_at[line] = now
+                if len(self._refused_at) > 1000:  # a process has far fewer distinct lines
+                    self._refused_at.clear()
                 _reset(writer)
                 return
         self.count("other")  # connected, said nothing: still an attempt
