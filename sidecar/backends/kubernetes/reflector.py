@@ -11,8 +11,9 @@ How it waits, as client-go's reflector does (`Backoff`, `Pacing`):
 
 * After every failure — the list or the watch refused or unreachable, the stream broken, a
   ``410 Gone`` — it waits before trying again: 0.8 s, doubling to 30 s, each wait jittered up
-  to twice as long (30 to 60 s at the cap). The back-off starts over only after 2 minutes without
-  a failure: a list that succeeds between two refused watches does not reset it.
+  to twice as long (30 to 60 s at the cap, reached after 50 to 100 s of failures). The back-off
+  starts over only after 2 minutes without a failure: a list that succeeds between two refused
+  watches does not reset it.
 * A watch that the server ends within 1 s having delivered no event (not even a bookmark) is a
   failure too ("very short watch"): a proxy or load balancer that closes every long stream at
   once would otherwise be asked thousands of times a second. The loop then resumes from the
@@ -23,8 +24,8 @@ How it waits, as client-go's reflector does (`Backoff`, `Pacing`):
 * A ``429`` or ``5xx`` with ``Retry-After`` is never retried before it (at most
   `client.MAX_RETRY_AFTER`).
 
-So a sidecar sends at most one request per 30 s per watch loop to an API server that has been
-failing for a minute, and a healthy one tells a follower of a release in milliseconds: no wait
+So once the back-off is at its cap a loop sends at most one request per 30 s to an API server
+that keeps failing, and a healthy one tells a follower of a release in milliseconds: no wait
 is ever added to a watch that is delivering events, and the leases' own requests (renewals,
 acquisitions) never go through this loop.
 """
