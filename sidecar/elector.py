@@ -217,6 +217,14 @@ class Elector:
         term = observed.term if observed is not None and known else self._view.high_water
         return False, holder, term
 
+    def shown(self) -> tuple[tuple[bool, str | None, int], float]:
+        """What the ETag is made of now (leading, holder, term), and for how long this replica
+        still leads (0 when it does not): `status` without building it, for a change feed that
+        looks at 10,000 leases at every change."""
+        now = self._clock.now()
+        shown = self._shown(now)
+        return shown, max(0.0, self._valid_until - now) if shown[0] else 0.0
+
     def status(self) -> LeaderStatus:
         now = self._clock.now()
         leading, holder, term = self._shown(now)

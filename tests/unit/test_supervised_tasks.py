@@ -55,15 +55,8 @@ def _patch(owner: Any, name: str) -> Once:
 
 
 def _feed(sidecar: Sidecar) -> Once:
-    feed = sidecar.listeners[0].runner.app[CHANGES]
-    leases = feed._leases
-
-    class Proxy:
-        electors = leases.electors
-        statuses = Once(leases.statuses)
-
-    feed._leases = Proxy()  # type: ignore[assignment]
-    return Proxy.statuses
+    """The feed's look at every lease (`ChangeFeed._look`) fails once."""
+    return _patch(sidecar.listeners[0].runner.app[CHANGES], "_look")
 
 
 def _actions(sidecar: Sidecar) -> Once:

@@ -99,6 +99,9 @@ class RedisStoreClient:
         self.wait_timeout = request_timeout / 2 if wait_timeout is None else wait_timeout
         self.clock = clock
         self._slots = asyncio.Semaphore(max_connections or self.MAX_CONNECTIONS)
+        # The watches' reads (at every (re)subscription) take at most half the connections:
+        # the rest stay free for acquires and renewals (`RedisLease.watch`).
+        self.watch_reads = asyncio.Semaphore(max(1, (max_connections or self.MAX_CONNECTIONS) // 2))
         self._sentinel: Sentinel | None = None
         self._pool: ConnectionPool = self._make_pool(client_name)
         self.redis = Redis(connection_pool=self._pool)

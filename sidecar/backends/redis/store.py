@@ -263,7 +263,13 @@ class RedisLease:
         delay = low
         while True:
             try:
-                return await asyncio.wait_for(self.read(), self.client.request_timeout)
+                # Queued for one of the client's watch reads, not timed out while queued: a
+                # sidecar's every watch reads at its first subscription (10,000 at once for
+                # 10,000 leases), and as plain requests they took every connection for
+                # seconds, timed out waiting for one and started again, and the acquires and
+                # renewals behind them failed too (issue 24).
+                async with self.client.watch_reads:
+                    return await asyncio.wait_for(self.read(), self.client.request_timeout)
             except (StoreError, TimeoutError):
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, high)
