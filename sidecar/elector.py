@@ -177,6 +177,9 @@ class Elector:
         self._hold_off_until = float("-inf")
         self._gap_alerted = False
         self._last_error: str | None = None
+        # When the renewal now in flight was sent (alone or in a batch): a gap alert raised
+        # while it is out says so instead of "no error" (the store has not answered yet).
+        self._renewal_out: float | None = None
         self._last_store_answer = float("-inf")
         self._last_other_holder: str | None = None  # the last holder seen that was not us
         self._reported_version: str | None = None  # the last bad record logged and counted
@@ -460,6 +463,7 @@ class Elector:
         alarm = asyncio.get_running_loop().call_later(
             max(0.0, half_mark - sent) + 0.01, lambda: self._check_growing_gap(self._clock.now())
         )
+        self._renewal_out = sent
         try:
             record = await self._call(
                 "renew",
@@ -470,6 +474,7 @@ class Elector:
             return self._renewal_failed(failed)
         finally:
             alarm.cancel()
+            self._renewal_out = None
         return self._renewal_answered(sent, record)
 
     def _renewal_failed(self, failed: StoreError) -> float:
@@ -513,7 +518,10 @@ class Elector:
         self._watch_asked = float("inf")
         if self._role is Role.LEADER and now >= self._valid_until:
             self._demote("deadline")
-        return self._term if self._role is Role.LEADER else None
+        if self._role is not Role.LEADER:
+            return None
+        self._renewal_out = now
+        return self._term
 
     def finish_renewal(
         self, sent: float, term: int, outcome: LeaseRecord | StoreError, *, answered: bool
@@ -524,6 +532,7 @@ class Elector:
         deadline is ahead). ``answered``: the store answered the batch (this entry may still
         be an error of its own); otherwise ``outcome`` is why nothing is known of any. The
         store probe hears of the batch once, from the scheduler."""
+        self._renewal_out = None
         if answered:
             self._last_store_answer = self._clock.now()
         if isinstance(outcome, StoreUnavailable):
@@ -992,6 +1001,10 @@ class Elector:
         """Once per episode: an episode ends with the next successful renewal."""
         self._gap_alerted = True
         self.metrics.gap_over_half_lease.inc()
+        last_error = self._last_error
+        if last_error is None and self._renewal_out is not None:
+            waited = self._clock.now() - self._renewal_out
+            last_error = f"renewal sent {waited:.3f}s ago, no answer yet"
         log(
             logger,
             "warning",
@@ -1000,9 +1013,9 @@ class Elector:
             gap_seconds=round(gap, 3),
             lease_duration_seconds=self.timing.lease_duration,
             still_growing=growing,
-            last_error=self._last_error,
+            last_error=last_error,
         )
-        alert = GapAlert(gap, self.timing.lease_duration, growing, self._last_error, self.status())
+        alert = GapAlert(gap, self.timing.lease_duration, growing, last_error, self.status())
         for listener in self._gap_listeners:
             try:
                 listener(alert)

@@ -335,3 +335,24 @@ async def test_the_run_loop_alerts_a_hung_store_at_the_half_lease_mark() -> None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_gap_alerted_while_the_renewal_is_out_says_it_is_waiting_for_an_answer() -> None:
+    """At the half-lease mark the renewal sent at +0.6 s is still out (it times out at
+    +1.15 s): the alert cannot name a store error yet, so it names the unanswered renewal and
+    how long it has waited, not "no error"."""
+    timing = Timing(lease_duration=2.0, renew_interval=0.6, retry_period=0.5, request_timeout=0.55)
+    rig = Rig(timing, SYSTEM_CLOCK)
+    task = asyncio.create_task(rig.elector.run())
+    try:
+        await wait_for(rig.elector.is_leader, timeout=5)
+        rig.store.hung = True
+        await wait_for(lambda: bool(rig.alerts), timeout=5)
+        (alert,) = rig.alerts
+        assert alert.growing is True
+        assert alert.last_error is not None
+        assert alert.last_error.startswith("renewal sent 0.")
+        assert alert.last_error.endswith("s ago, no answer yet")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
