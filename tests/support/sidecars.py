@@ -369,7 +369,7 @@ async def signal_leader(
 ) -> Handover:
     """Signal the current leader (SIGKILL: crash; SIGTERM: shutdown with release) and wait
     up to ``within`` seconds for another replica to lead under a higher term."""
-    before = await observer.leader()
+    before = await observer.leader(after=time.time())  # now: not the run's first leader
     leader = by_name(procs, before.name)
     began = time.time()
     leader.signal(signum)
