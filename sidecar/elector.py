@@ -24,6 +24,7 @@ Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's su
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -61,7 +62,11 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) ->
     """Await ``work`` on ``loop`` (the election's), from whichever loop is running."""
     if loop is None or loop is asyncio.get_running_loop():
         return await work
-    future = asyncio.run_coroutine_threadsafe(work, loop)  # type: ignore[arg-type]
+    # run_coroutine_threadsafe wants a coroutine; every caller passes one.
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+        work,  # type: ignore[arg-type]
+        loop,
+    )
     return await asyncio.wrap_future(future)
 
 
