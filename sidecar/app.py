@@ -114,9 +114,10 @@ class Sidecar:
             # record the Events (each names its lease).
             config = dataclasses.replace(config, role_label_key="")
         refusing = self._store_refusing
+        stores = {shown: elector.store for shown, elector in self.leases.electors.items()}
         return (
-            demotion_actions(config, self.store, refusing),
-            gap_alert_listener(config, self.store, refusing),
+            demotion_actions(config, self.store, refusing, stores),
+            gap_alert_listener(config, self.store, refusing, stores),
         )
 
     def _store_refusing(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from sidecar.backends.kubernetes.demotion import (
 from sidecar.config import ConfigError, load
 from sidecar.elector import GapAlert, LeaderStatus, Role, Transition
 from tests.fakekube import FakeApiServer
-from tests.fakekube.wire import EVENTS, PODS
+from tests.fakekube.wire import EVENTS, LEASES, PODS
 from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory
 from tests.support.sidecars import REPO
 
@@ -472,3 +473,40 @@ async def test_a_new_leader_relabels_a_holder_that_released_but_kept_its_leader_
         await api.close()
     assert labels(fake, "app-0")[KEY] == "follower"
     assert labels(fake, "app-1")[KEY] == "leader"
+
+
+async def test_with_several_leases_each_event_names_its_own_lease(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    """``--lease a,b`` (and ``--shards``): the sidecar leads both, and the Events of each
+    transition are about the Lease that changed hands — its name and uid — not all about the
+    first lease."""
+    from sidecar.app import Sidecar
+
+    config = load(
+        [
+            "--store", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
+            "--lease", "first,second", "--lease-duration", "2s",
+            "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0",
+        ],
+        environ={},
+    )  # fmt: skip
+    sidecar = Sidecar(config)
+    await sidecar.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(fake.cluster.list(EVENTS, NAMESPACE)) < 2:
+            assert asyncio.get_running_loop().time() < deadline, "no Event for both leases"
+            await asyncio.sleep(0.05)
+    finally:
+        await sidecar.stop()
+    leases = {lease["metadata"]["name"]: lease for lease in fake.cluster.list(LEASES, NAMESPACE)}
+    about: dict[str, list[str]] = {}
+    for event in fake.cluster.list(EVENTS, NAMESPACE):
+        involved = event["involvedObject"]
+        assert involved["uid"] == leases[involved["name"]]["metadata"]["uid"]
+        assert event["metadata"]["name"].startswith(f"{involved['name']}.")
+        about.setdefault(involved["name"], []).append(event["message"])
+    assert sorted(about) == ["first", "second"]
+    for messages in about.values():
+        assert any("became leader" in message for message in messages), messages

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
@@ -140,10 +140,14 @@ def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
 
 
 def demotion_actions(
-    config: Config, store: LeaseStore, refusing: Callable[[], bool] = lambda: False
+    config: Config,
+    store: LeaseStore,
+    refusing: Callable[[], bool] = lambda: False,
+    stores: Mapping[str, LeaseStore] | None = None,
 ) -> list[Action]:
     """Relabel pods, then record the Event, on every transition; not retried while
-    ``refusing`` (the sidecar's store probe says the API server refuses)."""
+    ``refusing`` (the sidecar's store probe says the API server refuses). ``stores``: every
+    lease's store by the name users see, so that each Event names its own Lease."""
     from sidecar.backends.kubernetes.demotion import PodRoleLabel
 
     api, lease_uid = _api_of(config, store)
@@ -167,15 +171,18 @@ def demotion_actions(
             why="--role-label-key is empty" if not config.role_label_key else "POD_NAME is not set",
             hint="set POD_NAME from the downward API (fieldRef: metadata.name)",
         )
-    actions.append(_lease_events(config, api, lease_uid, refusing))
+    actions.append(_lease_events(config, api, lease_uid, refusing, stores))
     return actions
 
 
 def gap_alert_listener(
-    config: Config, store: LeaseStore, refusing: Callable[[], bool] = lambda: False
+    config: Config,
+    store: LeaseStore,
+    refusing: Callable[[], bool] = lambda: False,
+    stores: Mapping[str, LeaseStore] | None = None,
 ) -> Callable[[GapAlert], Awaitable[None]]:
     """A Warning Event for each renewal gap past half the lease."""
-    return _lease_events(config, *_api_of(config, store), refusing).gap
+    return _lease_events(config, *_api_of(config, store), refusing, stores).gap
 
 
 def _lease_events(
@@ -183,9 +190,15 @@ def _lease_events(
     api: KubeApi,
     lease_uid: Callable[[], str | None],
     refusing: Callable[[], bool],
+    stores: Mapping[str, LeaseStore] | None,
 ) -> LeaseEvents:
     from sidecar.backends.kubernetes.demotion import LeaseEvents
 
+    leases = {
+        shown: (store.name, _uid_of(store))
+        for shown, store in (stores or {}).items()
+        if isinstance(store, KubernetesLeaseStore)
+    }
     return LeaseEvents(
         api,
         config.namespace,
@@ -195,4 +208,9 @@ def _lease_events(
         lease_uid,
         pod_namespace=pod_namespace(config),
         refusing=refusing,
+        leases=leases,
     )
+
+
+def _uid_of(store: KubernetesLeaseStore) -> Callable[[], str | None]:
+    return lambda: store.uid

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, Time, core_path
@@ -110,10 +110,14 @@ class PodRoleLabel:
         previous_holder: Callable[[], str | None] = lambda: None,
         sleep: Sleep = asyncio.sleep,
         refusing: Refusing = never,
+        leases: Mapping[str, tuple[str, Callable[[], str | None]]] | None = None,
     ) -> None:
         self.api = api
         self._sleep = sleep
         self._refusing = refusing
+        # Several leases (``--lease a,b``, ``--shards``): each transition's Event names the
+        # Lease it is about — by the name users see (``namespace/name``): (Lease name, uid).
+        self._leases = dict(leases or {})
         self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
@@ -177,10 +181,14 @@ class LeaseEvents:
         pod_namespace: str | None = None,
         sleep: Sleep = asyncio.sleep,
         refusing: Refusing = never,
+        leases: Mapping[str, tuple[str, Callable[[], str | None]]] | None = None,
     ) -> None:
         self.api = api
         self._sleep = sleep
         self._refusing = refusing
+        # Several leases (``--lease a,b``, ``--shards``): each transition's Event names the
+        # Lease it is about — by the name users see (``namespace/name``): (Lease name, uid).
+        self._leases = dict(leases or {})
         self.namespace = namespace  # the Lease's, and so the Events'
         self.pod_namespace = pod_namespace or namespace
         self.lease = lease
@@ -191,14 +199,15 @@ class LeaseEvents:
 
     async def __call__(self, transition: Transition) -> None:
         term = transition.status.term
+        about = transition.status.lease
         if transition.role is Role.LEADER:
             previous = transition.previous_holder or "none"
             message = f"{self.identity} became leader (term {term}; previous holder: {previous})"
-            await self.record("Normal", REASON, message, "Acquired")
+            await self.record("Normal", REASON, message, "Acquired", about=about)
             return
         kind, why = _STOPPED.get(transition.reason, ("Warning", transition.reason))
         message = f"{self.identity} stopped leading (term {term}): {why}"
-        await self.record(kind, REASON, message, "Stopped")
+        await self.record(kind, REASON, message, "Stopped", about=about)
 
     async def gap(self, alert: GapAlert) -> None:
         state = "still growing" if alert.growing else "then renewed"
@@ -209,25 +218,32 @@ class LeaseEvents:
         if alert.last_error:
             message += f"; last error: {alert.last_error}"
         try:
-            await self.record("Warning", GAP_REASON, message[:1024], "RenewalGap")
+            await self.record(
+                "Warning", GAP_REASON, message[:1024], "RenewalGap", about=alert.status.lease
+            )
         except Exception as exc:
             log(logger, "warning", "could not record the renewal-gap Event", error=str(exc))
 
-    async def record(self, kind: str, reason: str, message: str, action: str) -> None:
+    async def record(
+        self, kind: str, reason: str, message: str, action: str, *, about: str | None = None
+    ) -> None:
+        """``about``: the lease as users see it; the sidecar's first lease when not one of
+        ``leases``."""
+        lease, lease_uid = self._leases.get(about or "", (self.lease, self.lease_uid))
         now = Time.at(self.clock.wall()).isoformat()
         involved: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "name": self.lease,
+            "name": lease,
             "namespace": self.namespace,
         }
-        uid = self.lease_uid()
+        uid = lease_uid()
         if uid:
             involved["uid"] = uid
         event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{self.lease}.{time.time_ns():x}", "namespace": self.namespace},
+            "metadata": {"name": f"{lease}.{time.time_ns():x}", "namespace": self.namespace},
             "involvedObject": involved,
             "reason": reason,
             "message": message,
