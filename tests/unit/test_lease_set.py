@@ -356,13 +356,16 @@ async def test_shutdown_hands_the_lease_to_the_other_revision(
     # Only a candidate seen beating is handed a lease: old-a reads the group (every half
     # lease) until it has seen new-a's record change, then reads no more on its own.
     await cluster.until(lambda: "new-a_0000" in live_candidates(old_a), 3, "new-a beats")
+    # An old replica that (re)started after the new one, seen beating too: the newest start
+    # would be the answer without the revision preference.
+    old_b = await cluster.start("old-b", revision="v1")
+    await cluster.until(lambda: "old-b_0000" in live_candidates(old_a), 3, "old-b beats")
     old_a.beat.interval = 3600.0
     await asyncio.sleep(0.05)
     assert new_a.beat is not None
-    await new_a.beat.once()  # a beat after old-a's last periodic read
-    await asyncio.sleep(0.01)
-    # An old replica that (re)started after the new one: the newest start is not the answer.
-    await cluster.start("old-b", revision="v1")
+    assert old_b.beat is not None
+    await new_a.beat.once()  # beats after old-a's last periodic read
+    await old_b.beat.once()
     await asyncio.sleep(0.01)
     assert old_a.beat.current() is follows
     reads = count_reads(old_a)
