@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from sidecar.backends.base import (
     Conflict,
+    FollowsByCall,
     LeaseHeld,
     LeaseRecord,
     LeaseStore,
@@ -342,10 +343,13 @@ class Elector:
 
         await Scheduler([self], clock=self._clock).run()
 
-    def start_watch(self) -> asyncio.Task[None]:
+    def start_watch(self) -> asyncio.Task[None] | Callable[[], None]:
         """Follow the store's watch (restarted by the supervisor if it fails); the scheduler
-        starts it and cancels it when it ends."""
+        starts it and cancels it when it ends. A store that calls a function on each change
+        (`FollowsByCall`) is followed without a task: the function returned stops it."""
         self._loop = asyncio.get_running_loop()
+        if isinstance(self.store, FollowsByCall):
+            return self.store.follow(self.on_watch)
         return self._supervisor.spawn("lease-watch", self._follow_watch)
 
     @property

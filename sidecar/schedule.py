@@ -83,7 +83,7 @@ class Scheduler:
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
         self._sleeping_until = -INFINITY  # while the loop runs, nobody needs to wake it
-        self._watches: list[asyncio.Task[None]] | None = None
+        self._watches: list[asyncio.Task[None] | Callable[[], None]] | None = None
 
     # -- what the electors tell it ----------------------------------------------------------
 
@@ -139,9 +139,16 @@ class Scheduler:
             # Stopped: what is in flight finishes (each bounded by a request timeout).
             await asyncio.gather(*self._work, return_exceptions=True)
         finally:
-            for task in [*self._work, *self._watches]:
+            # (A watch is a task, or the function that stops a store's calls: `FollowsByCall`.)
+            tasks = [*self._work]
+            for watch in self._watches:
+                if isinstance(watch, asyncio.Task):
+                    tasks.append(watch)
+                else:
+                    watch()
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._work, *self._watches, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             for elector in self.electors:
                 elector.wake_scheduler = lambda: None
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -256,6 +256,23 @@ class LeaseStore(Protocol):
     async def close(self) -> None:
         """Release what this lease alone holds (its watch). The lease itself is left as it
         is; the `StoreClient` it came from owns the connections."""
+        ...
+
+
+@runtime_checkable
+class FollowsByCall(Protocol):
+    """A `LeaseStore` whose watch can call a function instead of being iterated: a sidecar of
+    1,000 leases then needs no task, event and generator per lease to follow them (issue 24).
+
+    ``follow(callback)`` calls ``callback(record)`` exactly where ``watch()`` would yield it
+    (same records, same moments: after every change, once after every (re)connection;
+    duplicates and coalescing allowed), on the event loop, never twice at once, until the
+    function it returns is called. The callback must not block. One that raises is a bug: the
+    store's shared watch task fails and is restarted by its supervisor (every follower of the
+    client is then called anew with its record)."""
+
+    def follow(self, callback: Callable[[LeaseRecord | None], None]) -> Callable[[], None]:
+        """Start calling ``callback``; the function returned stops it."""
         ...
 
 

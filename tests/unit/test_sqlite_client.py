@@ -60,6 +60,11 @@ def sqlite_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("sqlite")}
 
 
+# A poll that finds the file changed: BEGIN, the SELECT of what changed, the copy's UPDATE (only
+# when something did), COMMIT.
+TICK_STATEMENTS = 4
+
+
 def poll_ticks(log: list[str]) -> list[list[str]]:
     """The statements of each poll, split at each ``PRAGMA data_version``."""
     ticks: list[list[str]] = []
@@ -91,7 +96,7 @@ async def test_a_thousand_watched_leases_cost_one_connection_one_thread_and_one_
                 assert len(pollers) == 1
                 # Starting a thousand watches read their rows in a few statements, not 1000.
                 start_ticks = poll_ticks(logs[0])
-                assert all(len(tick) <= 1 for tick in start_ticks)
+                assert all(len(tick) <= TICK_STATEMENTS + 2 for tick in start_ticks)
                 assert sum(len(tick) for tick in start_ticks) < 50
 
                 logs[0].clear()
@@ -102,11 +107,14 @@ async def test_a_thousand_watched_leases_cost_one_connection_one_thread_and_one_
                 assert len(logs) == 2  # reader and writer: one connection each
 
                 # One poll loop: each tick is one data_version read and, when the file
-                # changed, one SELECT of every watched row (fanned out to the watches).
+                # changed, one read transaction: a SELECT of the watched rows that differ
+                # from the poller's copy (fanned out to the watches) and the copy's update.
                 ticks = poll_ticks(logs[0])
                 assert ticks
-                assert all(len(tick) <= 1 for tick in ticks)
-                assert 1 <= sum(len(tick) for tick in ticks) <= 3
+                assert all(len(tick) in (0, TICK_STATEMENTS - 1, TICK_STATEMENTS) for tick in ticks)
+                changed = [tick for tick in ticks if len(tick) == TICK_STATEMENTS]
+                assert 1 <= len(changed) <= 3
+                assert all(any("UPDATE temp.sidecar_watched" in s for s in t) for t in changed)
                 assert [i for i, q in enumerate(queues) if not q.empty()] == []
         finally:
             await reader.close()
@@ -161,6 +169,46 @@ async def test_closing_a_lease_ends_its_watch_and_the_last_watch_stops_the_polle
         assert not client.hub.polling
     finally:
         await client.close()
+
+
+async def test_follow_calls_with_only_the_rows_that_changed_and_stops_when_told(
+    tmp_path: Path,
+) -> None:
+    """`follow` (issue 24): the records a watch would yield, as calls, without a task per
+    lease; a hand edit that leaves the version as it was is still seen; the copy the poller
+    compares against is brought up to date, so an unchanged row is never handed on again."""
+    path = tmp_path / "leases.db"
+    reader = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    writer = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    try:
+        calls: dict[str, asyncio.Queue[LeaseRecord | None]] = {n: asyncio.Queue() for n in "xyz"}
+        stops = [reader.lease(n).follow(calls[n].put_nowait) for n in "xyz"]
+        assert [await asyncio.wait_for(calls[n].get(), 5.0) for n in "xyz"] == [None] * 3
+        granted = await writer.lease("y").try_acquire("a_1", LEASE, 0, expected=None)
+        assert await asyncio.wait_for(calls["y"].get(), 5.0) == granted
+        conn = sqlite3.connect(path)
+        with conn:
+            conn.execute("UPDATE leases SET renewed_at = 'by hand' WHERE name = 'y'")
+        conn.close()
+        edited = await asyncio.wait_for(calls["y"].get(), 5.0)
+        assert edited is not None
+        assert (edited.version, edited.ignored is not None) == (granted.version, True)
+        await writer.lease("z").try_acquire("a_1", LEASE, 0, expected=None)
+        assert (await asyncio.wait_for(calls["z"].get(), 5.0)) is not None
+        await asyncio.sleep(0.3)  # several polls: nothing else changed, nothing is called
+        assert [calls[n].qsize() for n in "xyz"] == [0, 0, 0]
+        stops[2]()
+        await writer.lease("z").release("a_1", 1)
+        await writer.lease("x").try_acquire("a_1", LEASE, 0, expected=None)
+        assert (await asyncio.wait_for(calls["x"].get(), 5.0)) is not None
+        assert calls["z"].empty()
+        for stop in stops[:2]:
+            stop()
+        await asyncio.sleep(0.2)  # the loop notices at its next tick
+        assert not reader.hub.polling
+    finally:
+        await reader.close()
+        await writer.close()
 
 
 # The leases table as written before issue 11 (no successor column).

@@ -157,6 +157,46 @@ SELECT name, {COLUMNS} FROM leases
 WHERE name IN (SELECT value FROM json_each(:names))
 """
 
+# The watch poller's copy of every watched row (`sidecar.backends.sqlite.watch`): a table of
+# its own connection (``temp``: never in the file, never seen by another connection), so that
+# SQLite itself finds the rows that changed since the last look and only those are read.
+# ``present``: 1 a row, 0 none, -1 not known yet (a new watch: read its row whatever it is).
+# Declared as in ``leases``, so each value is kept exactly as read.
+WATCHED = """
+CREATE TEMP TABLE IF NOT EXISTS sidecar_watched (
+    name TEXT PRIMARY KEY, present INTEGER NOT NULL, holder TEXT, term INTEGER, duration REAL,
+    version INTEGER, acquired_at TEXT, renewed_at TEXT, successor TEXT, handed TEXT
+) WITHOUT ROWID
+"""
+# ``:names``: a JSON array (a thousand new watches are one statement).
+WATCHED_NEW = """
+INSERT OR REPLACE INTO temp.sidecar_watched (name, present)
+SELECT value, -1 FROM json_each(:names)
+"""
+WATCHED_FORGET = """
+DELETE FROM temp.sidecar_watched WHERE name IN (SELECT value FROM json_each(:names))
+"""
+_COLUMN_NAMES = [column.strip() for column in COLUMNS.split(",")]
+# Every column compared by value and kind (IS: NULL is NULL), the row's presence too: a hand
+# edit that leaves the version as it was is still a change.
+_SAME = " AND ".join(f"l.{column} IS w.{column}" for column in _COLUMN_NAMES)
+_DIFFERS = f"NOT (w.present = (l.name IS NOT NULL) AND (l.name IS NULL OR ({_SAME})))"
+_LIVE = f"""
+SELECT w.name AS name, l.name IS NOT NULL AS present,
+       {", ".join(f"l.{column} AS {column}" for column in _COLUMN_NAMES)}
+FROM temp.sidecar_watched AS w LEFT JOIN main.leases AS l ON l.name = w.name
+WHERE {_DIFFERS}
+"""
+# The watched rows that differ from the copy: (name, present, COLUMNS...).
+WATCHED_CHANGED = _LIVE
+# Then the copy takes them, in the same read transaction (the same rows, as read above).
+WATCHED_SEEN = f"""
+UPDATE temp.sidecar_watched
+SET present = live.present, {", ".join(f"{column} = live.{column}" for column in _COLUMN_NAMES)}
+FROM ({_LIVE}) AS live
+WHERE sidecar_watched.name = live.name
+"""
+
 CANDIDATE_COLUMNS = "identity, version, revision, priority, leaving, started_at, beat_at"
 
 BEAT = f"""
