@@ -433,6 +433,45 @@ async def test_the_watch_survives_a_server_restart_and_reports_the_state_it_find
         assert record.version.rpartition("~")[2] != first.version.rpartition("~")[2]
 
 
+async def test_follow_calls_with_the_state_on_subscribing_then_every_change_in_order(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """`follow` (issue 24): the records the watch yields, as calls and without a task per
+    lease. After a server restart it reads and hands on what it finds; once stopped, nothing
+    more."""
+    follower, leader = make_store(server.url), make_store(server.url)
+    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+    stop = follower.follow(seen.put_nowait)
+    try:
+        assert await asyncio.wait_for(seen.get(), 2) is None  # nothing stored yet
+        granted = await leader.try_acquire("a_1", 30.0, 0, expected=None)
+        record = await asyncio.wait_for(seen.get(), 1)
+        assert record is not None
+        assert stored_version(record.version) == stored_version(granted.version)
+        renewed = await leader.renew("a_1", granted.term, 30.0)
+        record = await asyncio.wait_for(seen.get(), 1)
+        assert record is not None
+        assert stored_version(record.version) == stored_version(renewed.version)
+        with server.client() as client:
+            client.publish(CHANNEL, "not a record")
+        record = await asyncio.wait_for(seen.get(), 2)  # as the watch yields it: unreadable
+        assert record is not None
+        assert record.unreadable is not None
+        server.stop()
+        await asyncio.sleep(0.5)
+        server.restart()  # empty: the lease is gone
+        assert await next_matching(seen, lambda r: r is None, timeout=5) is None
+        restored = await leader.renew("a_1", granted.term, 30.0)
+        record = await next_matching(seen, lambda r: r is not None, timeout=2)
+        assert record is not None
+        assert stored_version(record.version) == stored_version(restored.version)
+    finally:
+        stop()
+    await leader.release("a_1", granted.term)
+    await asyncio.sleep(0.3)
+    assert seen.empty()
+
+
 # -- durability: WAIT -----------------------------------------------------------------------
 
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+from sidecar.backends.base import LeaseRecord
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -55,6 +58,79 @@ class Mailbox:
         return taken
 
 
+class Follower:
+    """One watch as calls (`FollowsByCall`): a 1,000-lease sidecar then runs no task per
+    lease. Each message is decoded and handed on at once. A (re)subscription — or a message
+    that is not a record — reads the record first, in a task of its own: messages that arrive
+    before that read is sent are superseded by it, and those that arrive while it is out are
+    held (the newest) and handed on after its record, as `Mailbox` orders them for a watch."""
+
+    __slots__ = ("_callback", "_decode", "_held", "_read", "_reading", "_spawn", "channel")
+
+    def __init__(
+        self,
+        channel: str,
+        callback: Callable[[LeaseRecord | None], None],
+        decode: Callable[[str], LeaseRecord | None],
+        read: Callable[[], Awaitable[LeaseRecord | None]],
+        spawn: Callable[[str, Callable[[], Awaitable[object]]], asyncio.Task[None]],
+    ) -> None:
+        self.channel = channel
+        self._callback: Callable[[LeaseRecord | None], None] | None = callback
+        self._decode = decode  # a message as the record (tagged), None if it is not one
+        self._read = read  # the record, retried until the store answers
+        self._spawn = spawn
+        self._reading: asyncio.Task[None] | None = None
+        self._held: str | None = None  # while a read is out: the newest message since it was sent
+
+    def subscribed(self) -> None:
+        self._reread()
+
+    def deliver(self, payload: str) -> None:
+        if self._callback is None:
+            return
+        if self._reading is not None:
+            self._held = payload
+            return
+        record = self._decode(payload)
+        if record is None:  # something else published here: the read reports it
+            self._reread()
+        else:
+            self._callback(record)
+
+    def _reread(self) -> None:
+        if self._callback is None:
+            return
+        if self._reading is not None:
+            self._reading.cancel()  # (its record would be older than the one read next)
+        self._held = None
+        self._reading = self._spawn("redis-watch-read", self._read_and_call)
+
+    async def _read_and_call(self) -> None:
+        """Read, then hand on the record and what came while it was out. Run under the
+        client's supervisor: a callback that raises here is counted and run again."""
+        self._held = None  # sent from here on: what came before is superseded by the read
+        record = await self._read()
+        callback = self._callback
+        if callback is None:
+            return
+        self._reading = None
+        callback(record)
+        held = self._take_held()
+        if held is not None:
+            self.deliver(held)
+
+    def _take_held(self) -> str | None:
+        held, self._held = self._held, None
+        return held
+
+    def stop(self) -> None:
+        self._callback = None
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
+
+
 class ChannelHub:
     # How long the hub waits for a message before it looks at joins, leaves and a Sentinel
     # master switch: also the longest a new watch waits before it is subscribed.
@@ -62,7 +138,7 @@ class ChannelHub:
 
     def __init__(self, client: RedisStoreClient) -> None:
         self._client = client
-        self._mailboxes: dict[str, set[Mailbox]] = {}
+        self._mailboxes: dict[str, set[Mailbox | Follower]] = {}
         self._confirmed: set[str] = set()  # channels the server confirmed on this connection
         self._joined = 0  # bumped when a channel is watched or no longer is: resubscribe
         self._wake = asyncio.Event()
@@ -71,6 +147,15 @@ class ChannelHub:
 
     def join(self, channel: str) -> Mailbox:
         mailbox = Mailbox(channel)
+        self._add(mailbox)
+        return mailbox
+
+    def follow(self, follower: Follower) -> None:
+        """A watch as calls (`Follower`), until `leave`."""
+        self._add(follower)
+
+    def _add(self, mailbox: Mailbox | Follower) -> None:
+        channel = mailbox.channel
         self._mailboxes.setdefault(channel, set()).add(mailbox)
         self._joined += 1
         if channel in self._confirmed:
@@ -79,13 +164,12 @@ class ChannelHub:
         if self._task is None:
             self._client.follow_sentinels()
             self._task = self._client.supervisor.spawn("redis-pubsub", self._run)
-        return mailbox
 
     def subscribed(self, channel: str) -> bool:
         """The server confirmed ``channel`` on the connection that is up now."""
         return channel in self._confirmed
 
-    def leave(self, mailbox: Mailbox) -> None:
+    def leave(self, mailbox: Mailbox | Follower) -> None:
         watchers = self._mailboxes.get(mailbox.channel)
         if watchers is not None:
             watchers.discard(mailbox)

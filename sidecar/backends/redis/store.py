@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreError
 from sidecar.backends.redis.client import RedisStoreClient, ms, new_version
+from sidecar.backends.redis.hub import Follower
 from sidecar.backends.redis.scripts import granted, lease_keys, reply_record, value_record
 from sidecar.backends.redis.target import RedisTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -255,6 +256,30 @@ class RedisLease:
                     yield await self._read_until_it_answers()
         finally:
             self.client.hub.leave(mailbox)
+
+    def follow(self, callback: Callable[[LeaseRecord | None], None]) -> Callable[[], None]:
+        """`watch` as calls of ``callback`` (`FollowsByCall`): no task per lease, the hub
+        hands each message on as it comes; a (re)subscription reads first (`Follower`)."""
+        follower = Follower(
+            self._channel,
+            callback,
+            self._message_record,
+            self._read_until_it_answers,
+            self.client.supervisor.spawn,
+        )
+        self.client.hub.follow(follower)
+
+        def stop() -> None:
+            follower.stop()
+            self.client.hub.leave(follower)
+
+        return stop
+
+    def _message_record(self, payload: str) -> LeaseRecord | None:
+        """A published record, tagged; None if the message is not one (then a read)."""
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return self.client.tagged(value_record(payload))
+        return None
 
     async def _read_until_it_answers(self) -> LeaseRecord | None:
         """The record, retried with backoff (never raises: the elector relies on the watch;

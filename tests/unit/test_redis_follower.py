@@ -1,0 +1,50 @@
+"""`Follower` (issue 24): a Redis watch as calls keeps the order a watch's `Mailbox` gives —
+a message that arrives while the record is being read after a (re)subscription is handed on
+after the read's record, never before it (it may be newer; the read may not be)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from sidecar.backends.base import LeaseRecord
+from sidecar.backends.records import lease_record
+from sidecar.backends.redis.hub import Follower
+
+
+def _record(version: str) -> LeaseRecord:
+    return lease_record(holder="a_1", term=1, duration=5.0, version=version)
+
+
+async def test_a_message_during_the_read_comes_after_the_reads_record() -> None:
+    calls: list[str | None] = []
+    answer: asyncio.Future[LeaseRecord | None] = asyncio.get_running_loop().create_future()
+
+    def spawn(name: str, work: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
+        async def run() -> None:
+            await work()
+
+        return asyncio.create_task(run(), name=name)
+
+    follower = Follower(
+        "ch",
+        lambda r: calls.append(r.version if r else None),
+        _record,  # a message is its version here
+        lambda: answer,
+        spawn,
+    )
+    follower.deliver("v1")  # no read out: at once
+    assert calls == ["v1"]
+    follower.subscribed()  # a read goes out
+    follower.deliver("v2")  # before the read was sent: superseded by it
+    await asyncio.sleep(0)  # the read is sent
+    follower.deliver("v3")
+    follower.deliver("v4")  # the newest is kept
+    assert calls == ["v1"]
+    answer.set_result(_record("v3"))
+    await asyncio.sleep(0.01)
+    assert calls == ["v1", "v3", "v4"]
+    follower.deliver("v5")
+    follower.stop()
+    follower.deliver("v6")
+    assert calls == ["v1", "v3", "v4", "v5"]
