@@ -13,6 +13,7 @@ import pytest
 
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, Renewal, StoreUnavailable
 from sidecar.backends.redis import RedisLeaseStore, lease_keys
+from sidecar.supervisor import Supervisor
 from tests.redis.conftest import StoreFactory
 from tests.redis.servers import RedisServer, wait_until
 from tests.redis.watching import next_matching, watching
@@ -755,3 +756,43 @@ async def test_candidate_values_nobody_can_read_are_left_out_not_the_whole_group
     assert sorted(c.identity for c in found if c.unreadable is None) == ["a_1"]
     assert len([c for c in found if c.unreadable is not None]) == 3
     await group.beat(Candidate("a_1", "12"), 5.0)  # the beat (and its collection) go on
+
+
+async def test_a_follow_callback_that_raises_fails_the_hub_under_its_supervisor(
+    server: RedisServer, make_store: StoreFactory
+) -> None:
+    """A callback that raises on a message is a bug, not a Redis outage (`FollowsByCall`): the
+    pub/sub task fails under its supervisor (logged with its traceback, counted, restarted),
+    and every follower of the client reads its record again on the new connection."""
+    follower, leader = make_store(server.url), make_store(server.url)
+    supervisor = Supervisor(backoff=(0.05, 0.1))
+    follower.client.supervisor = supervisor
+    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+    others: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+    raised = []
+
+    def call(record: LeaseRecord | None) -> None:
+        if record is not None and not raised:
+            raised.append(record)
+            raise RuntimeError("a bug in the callback")
+        seen.put_nowait(record)
+
+    stops = [follower.follow(call), follower.client.lease("u").follow(others.put_nowait)]
+    try:
+        assert await asyncio.wait_for(seen.get(), 2) is None
+        assert await asyncio.wait_for(others.get(), 2) is None
+        granted = await leader.try_acquire("a_1", 30.0, 0, expected=None)
+        record = await asyncio.wait_for(seen.get(), 3)  # read again after the restart
+        assert record is not None
+        assert stored_version(record.version) == stored_version(granted.version)
+        assert raised
+        assert supervisor.failures["redis-pubsub"] == 1
+        assert await asyncio.wait_for(others.get(), 3) is None  # told anew too
+        renewed = await leader.renew("a_1", granted.term, 30.0)
+        record = await next_matching(seen, lambda r: r is not None, timeout=2)
+        assert record is not None
+        assert stored_version(record.version) == stored_version(renewed.version)
+    finally:
+        for stop in stops:
+            stop()
+    await leader.release("a_1", granted.term)

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 _NO_KEY = "the leases' event channels"
 
 
+class WatchCallbackFailed(Exception):
+    """A watch's callback (`Follower`) raised on a message: a bug, not the connection's fault.
+    The hub then fails under its supervisor — logged with the traceback, counted in
+    ``task_failures_total{task="redis-pubsub"}``, restarted after its back-off — instead of
+    passing for a Redis outage (`FollowsByCall`)."""
+
+
 class Mailbox:
     """One watch's view of its channel. Holds only the newest message (coalescing is allowed:
     each message is a whole record) and whether the channel was (re)subscribed since the
@@ -184,7 +191,8 @@ class ChannelHub:
             self._task = None
 
     async def _run(self) -> None:
-        """Keep one subscription to every watched channel until cancelled; never raises."""
+        """Keep one subscription to every watched channel until cancelled. Raises only when a
+        watch's callback did (`WatchCallbackFailed`): its supervisor then restarts it."""
         backoff = self._client.WATCH_BACKOFF
         delay = backoff[0]
         while True:
@@ -197,6 +205,12 @@ class ChannelHub:
             try:
                 await self._serve(pubsub)
                 delay = backoff[0]
+            except WatchCallbackFailed:
+                # A bug in a callback: the supervisor logs, counts and restarts the hub, whose
+                # new connection has every watch read its record again. A reconnection all
+                # the same: messages go unseen meanwhile, so a new epoch too.
+                self._client.epoch += 1
+                raise
             except Exception as exc:  # never raise: the watches rely on the hub
                 self._client.epoch += 1  # the server may have restarted and lost writes
                 self._client.unavailable(exc, _NO_KEY)  # logs once per distinct problem
@@ -234,8 +248,13 @@ class ChannelHub:
             elif kind == "unsubscribe":
                 self._confirmed.discard(channel)
             elif kind == "message":
-                for mailbox in self._mailboxes.get(channel, ()):
-                    mailbox.deliver(message["data"])
+                try:
+                    for mailbox in self._mailboxes.get(channel, ()):
+                        mailbox.deliver(message["data"])
+                except Exception as exc:
+                    raise WatchCallbackFailed(
+                        f"a watch of {channel} failed on a message: {type(exc).__name__}: {exc}"
+                    ) from exc
 
     async def _sync(self, pubsub: PubSub, sent: set[str]) -> None:
         """Subscribe the channels watches joined, unsubscribe those nobody watches: one
