@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from sidecar.backends.base import LeaseRecord
 from sidecar.backends.records import lease_record
 from sidecar.backends.redis.hub import Follower
+from sidecar.supervisor import Supervisor
 
 
 def _record(version: str) -> LeaseRecord:
@@ -48,3 +49,39 @@ async def test_a_message_during_the_read_comes_after_the_reads_record() -> None:
     follower.stop()
     follower.deliver("v6")
     assert calls == ["v1", "v3", "v4", "v5"]
+
+
+async def test_a_read_run_again_after_its_callback_raised_holds_what_comes_meanwhile() -> None:
+    """A callback that raises on the read's record is a bug: the supervisor runs the read
+    again (counted), and that read is out like any other — a message meanwhile is handed on
+    after its record, not before it."""
+    calls: list[str | None] = []
+    answers: list[asyncio.Future[LeaseRecord | None]] = []
+    failed = [False]
+    second = asyncio.Event()
+
+    def read() -> asyncio.Future[LeaseRecord | None]:
+        answers.append(asyncio.get_running_loop().create_future())
+        if len(answers) == 2:
+            second.set()
+        return answers[-1]
+
+    def callback(record: LeaseRecord | None) -> None:
+        if not failed[0]:
+            failed[0] = True
+            raise RuntimeError("a bug")
+        calls.append(record.version if record else None)
+
+    supervisor = Supervisor(backoff=(0.01, 0.01))
+    follower = Follower("ch", callback, _record, read, supervisor.spawn)
+    follower.subscribed()
+    await asyncio.sleep(0)
+    answers[0].set_result(_record("v1"))  # the callback raises on it
+    await asyncio.wait_for(second.wait(), 2)  # the supervisor reads again
+    assert supervisor.failures["redis-watch-read"] == 1
+    follower.deliver("v3")  # while the second read is out
+    assert calls == []
+    answers[1].set_result(_record("v2"))
+    await asyncio.sleep(0.01)
+    assert calls == ["v2", "v3"]
+    follower.stop()

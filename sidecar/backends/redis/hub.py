@@ -122,10 +122,18 @@ class Follower:
         if callback is None:
             return
         self._reading = None
-        callback(record)
-        held = self._take_held()
-        if held is not None:
-            self.deliver(held)
+        try:
+            callback(record)
+            held = self._take_held()
+            if held is not None:
+                self.deliver(held)
+        except BaseException:
+            # A bug: the supervisor runs this read again, and until its record is handed on
+            # a message waits for it (else it would go first, and the read's older record
+            # after it), and a resubscription cancels it.
+            if self._callback is not None:
+                self._reading = asyncio.current_task()
+            raise
 
     def _take_held(self) -> str | None:
         held, self._held = self._held, None
