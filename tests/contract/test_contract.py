@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.backends.base import (
     Conflict,
+    FollowsByCall,
     LeaseHeld,
     LeaseRecord,
     LeaseStore,
@@ -34,9 +35,21 @@ async def take(
 
 
 @contextlib.asynccontextmanager
-async def watching(store: LeaseStore) -> AsyncIterator[asyncio.Queue[LeaseRecord | None]]:
-    """What ``store.watch()`` yields, in a queue, while the block runs."""
+async def watching(
+    store: LeaseStore, *, calls: bool = False
+) -> AsyncIterator[asyncio.Queue[LeaseRecord | None]]:
+    """What ``store.watch()`` yields, in a queue, while the block runs; ``calls``: what
+    ``store.follow`` calls it with instead (`FollowsByCall`, the elector's way where offered)."""
     seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+    if calls:
+        if not isinstance(store, FollowsByCall):
+            pytest.skip(f"{store.description} is followed through watch() only")
+        stop = store.follow(seen.put_nowait)
+        try:
+            yield seen
+        finally:
+            stop()
+        return
 
     async def follow() -> None:
         async for record in store.watch():
@@ -319,12 +332,13 @@ async def test_a_holder_puts_its_grant_back_over_a_marker_of_its_term(
         await a.renew("a_1", granted.term, LEASE)
 
 
-async def test_the_watch_reports_a_loss_marker(harness: StoreHarness) -> None:
+@pytest.mark.parametrize("calls", [False, True], ids=["watch", "follow"])
+async def test_the_watch_reports_a_loss_marker(harness: StoreHarness, calls: bool) -> None:
     """Followers (and a holder the store forgot) learn of a marker from the watch."""
     a, b = harness.new_store(), harness.new_store()
     await take(a, "a_1")
     await harness.reset()
-    async with watching(b) as seen:
+    async with watching(b, calls=calls) as seen:
         await asyncio.wait_for(seen.get(), timeout=5.0)  # connected
         marker = await a.mark_lost(12, LEASE)
         assert marker is not None
@@ -361,11 +375,12 @@ async def test_min_term_below_the_stored_term_does_not_lower_it(harness: StoreHa
     assert second.term == first.term + 1
 
 
-async def test_the_watch_reports_a_release_promptly(harness: StoreHarness) -> None:
+@pytest.mark.parametrize("calls", [False, True], ids=["watch", "follow"])
+async def test_the_watch_reports_a_release_promptly(harness: StoreHarness, calls: bool) -> None:
     """A follower's watch sees the lease become free within a second."""
     a, b = harness.new_store(), harness.new_store()
     granted = await take(a, "a_1")
-    async with watching(b) as seen:
+    async with watching(b, calls=calls) as seen:
         first = await asyncio.wait_for(seen.get(), timeout=5.0)  # connected: the current record
         assert first is not None
         assert first.holder == "a_1"
@@ -392,11 +407,12 @@ async def test_every_failure_is_a_store_error(harness: StoreHarness) -> None:
             await call()
 
 
-async def test_the_watch_reports_every_renewal(harness: StoreHarness) -> None:
+@pytest.mark.parametrize("calls", [False, True], ids=["watch", "follow"])
+async def test_the_watch_reports_every_renewal(harness: StoreHarness, calls: bool) -> None:
     """Followers time expiry by versions, so they must see each new one promptly."""
     a, b = harness.new_store(), harness.new_store()
     granted = await take(a, "a_1")
-    async with watching(b) as seen:
+    async with watching(b, calls=calls) as seen:
         await asyncio.wait_for(seen.get(), timeout=5.0)
         renewed = await a.renew("a_1", granted.term, LEASE)
         while True:
