@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.backends.base import Candidate, LeaseRecord, LeaseStore
 from sidecar.backends.sqlite import SQLiteStoreClient
+from sidecar.supervisor import Supervisor
 
 LEASE = 30.0
 
@@ -206,6 +207,97 @@ async def test_follow_calls_with_only_the_rows_that_changed_and_stops_when_told(
             stop()
         await asyncio.sleep(0.2)  # the loop notices at its next tick
         assert not reader.hub.polling
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def _next(calls: asyncio.Queue[LeaseRecord | None]) -> LeaseRecord | None:
+    return await asyncio.wait_for(calls.get(), 5.0)
+
+
+async def test_a_follow_callback_that_raises_restarts_the_poller_and_every_follower_is_told_anew(
+    tmp_path: Path,
+) -> None:
+    """A callback that raises is a bug (`FollowsByCall`): the poller fails under its supervisor
+    (counted), and every follower is told its record anew — those whose rows the failed look
+    read but never handed on included — and changes keep coming after."""
+    path = tmp_path / "leases.db"
+    supervisor = Supervisor(backoff=(0.05, 0.1))
+    reader = SQLiteStoreClient(str(path), busy_timeout=5.0, supervisor=supervisor)
+    writer = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    try:
+        calls: dict[str, asyncio.Queue[LeaseRecord | None]] = {n: asyncio.Queue() for n in "xy"}
+        raised: list[LeaseRecord] = []
+
+        def x(record: LeaseRecord | None) -> None:
+            if record is not None and not raised:
+                raised.append(record)
+                raise RuntimeError("a bug in the callback")
+            calls["x"].put_nowait(record)
+
+        stops = [reader.lease("x").follow(x), reader.lease("y").follow(calls["y"].put_nowait)]
+        assert [await _next(calls["x"]), await _next(calls["y"])] == [None, None]
+        conn = sqlite3.connect(path)
+        with conn:  # both rows in one commit: one look reads them both
+            conn.execute(
+                "INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version) "
+                "VALUES ('x', 'a_1', 1, 30, 0, 'b', 1), ('y', 'a_1', 1, 30, 0, 'b', 2)"
+            )
+        conn.close()
+        x_record, y_record = await _next(calls["x"]), await _next(calls["y"])
+        assert raised == [x_record]
+        assert y_record is not None
+        assert y_record.version == "2"
+        assert supervisor.failures["sqlite-watch"] == 1
+        renewed = await writer.lease("y").renew("a_1", 1, LEASE)
+        while (record := await _next(calls["y"])) != renewed:
+            assert record == y_record  # (told anew after the restart, at most)
+        for stop in stops:
+            stop()
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_follow_started_or_restarted_while_a_look_is_out_is_told_its_record(
+    tmp_path: Path,
+) -> None:
+    """A follower that starts while the poller's look is out (here: queued behind a slow
+    statement), or that stops and starts again with nothing changed, is told the record — and
+    the followers already there are told the change the look found."""
+    path = tmp_path / "leases.db"
+    reader = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    writer = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    try:
+        granted = await writer.lease("x").try_acquire("a_1", LEASE, 0, expected=None)
+        first: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+        stop_first = reader.lease("x").follow(first.put_nowait)
+        assert await _next(first) == granted
+        gate = threading.Event()
+        slow = asyncio.ensure_future(reader.connection.run(lambda _conn: gate.wait(5.0)))
+        await asyncio.sleep(0.15)  # the poller's next look waits behind it
+        renewed = await writer.lease("x").renew("a_1", granted.term, LEASE)
+        second: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+        stop_second = reader.lease("x").follow(second.put_nowait)
+        gate.set()
+        await slow
+        assert await _next(second) == renewed
+        assert await _next(first) == renewed
+        for _ in range(3):  # stop and start again, the row unchanged
+            stop_second()
+            second = asyncio.Queue()
+            stop_second = reader.lease("x").follow(second.put_nowait)
+            assert await _next(second) == renewed
+            await asyncio.sleep(0.07)
+        stop_first()
+        stop_second()
+        await asyncio.sleep(0.1)  # the poller stops, the copy still holds the row
+        third: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+        stop_third = reader.lease("x").follow(third.put_nowait)
+        assert await _next(third) == renewed
+        stop_third()
+        assert first.empty()
     finally:
         await reader.close()
         await writer.close()
