@@ -303,6 +303,39 @@ async def test_a_follow_started_or_restarted_while_a_look_is_out_is_told_its_rec
         await writer.close()
 
 
+async def test_the_poller_wakes_only_when_the_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection's thread reads ``data_version`` between its jobs and wakes the poller
+    only when it moved (or this client wrote): while nothing changes, no look at all."""
+    path = tmp_path / "leases.db"
+    reader = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    writer = SQLiteStoreClient(str(path), busy_timeout=5.0)
+    try:
+        seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+        stop = reader.lease("x").follow(seen.put_nowait)
+        assert await asyncio.wait_for(seen.get(), 5.0) is None
+        await asyncio.sleep(0.2)  # the first looks are over
+        looks = 0
+        real_look = reader.hub._look
+
+        async def look(*args: Any) -> Any:
+            nonlocal looks
+            looks += 1
+            return await real_look(*args)
+
+        monkeypatch.setattr(reader.hub, "_look", look)
+        await asyncio.sleep(0.5)  # ten intervals, nothing written
+        assert looks == 0
+        granted = await writer.lease("x").try_acquire("a_1", LEASE, 0, expected=None)
+        assert await asyncio.wait_for(seen.get(), 5.0) == granted
+        assert looks >= 1
+        stop()
+    finally:
+        await reader.close()
+        await writer.close()
+
+
 # The leases table as written before issue 11 (no successor column).
 _OLD_SCHEMA = """
 CREATE TABLE leases (

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -16,6 +18,8 @@ from sidecar.backends.sqlite.schema import set_up
 from sidecar.clock import Clock
 
 T = TypeVar("T")
+
+logger = logging.getLogger("sidecar.sqlite")
 
 
 # Order of the connection's work: a renewal or a release first (a leader's deadline, a hand-off
@@ -49,6 +53,42 @@ class Connection:
         """Write calls made through this connection. SQLite's ``data_version`` only moves on
         other connections' commits, so the watch poller also re-reads when this moves: a
         lease's watch must see writes made through a sibling lease of the same client."""
+        # What the thread looks at every `interval` seconds between jobs (`on_change`).
+        self._probe: tuple[float, Callable[[], None]] | None = None
+        self._probe_due = 0.0
+        self._probe_seen: tuple[int, int] | None = None  # (data_version, writes) last probed
+
+    def on_change(self, interval: float, changed: Callable[[], None] | None) -> None:
+        """Every ``interval`` seconds, on the connection's thread and between its jobs, read
+        ``PRAGMA data_version`` (a microsecond local read) and call ``changed`` — from that
+        thread: it must hand over to its loop itself — when it or `writes` moved since the
+        last look, or the read failed. The watch poller then wakes only when the file changed,
+        instead of crossing threads every interval to ask (issue 24). None: stop."""
+        self._probe = None if changed is None else (interval, changed)
+        self._probe_seen = None
+        if changed is not None:
+            self._submit(lambda: None, NORMAL)  # the thread starts, and times from now
+
+    def _look_for_change(self) -> None:
+        probe = self._probe
+        if probe is None:
+            return
+        interval, changed = probe
+        self._probe_due = time.monotonic() + interval
+        if self._conn is None:
+            return  # (opened by the first job, which the poller sends itself)
+        writes = self.writes
+        try:
+            (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+            seen: tuple[int, int] | None = (int(version), writes)
+        except sqlite3.Error:
+            seen = None  # the poller's own read then says what is wrong
+        if seen is None or seen != self._probe_seen:
+            self._probe_seen = seen
+            try:
+                changed()
+            except Exception:  # never the thread's end: every statement of the client runs on it
+                logger.exception("the watch poller's wake-up failed")
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -68,10 +108,20 @@ class Connection:
 
     def _serve(self) -> None:
         while True:
-            _, _, job = self._jobs.get()
+            if self._probe is None:
+                _, _, job = self._jobs.get()
+            else:
+                try:
+                    wait = max(0.0, self._probe_due - time.monotonic())
+                    _, _, job = self._jobs.get(timeout=wait)
+                except queue.Empty:
+                    self._look_for_change()
+                    continue
             if job is None:
                 return
             job()
+            if self._probe is not None and time.monotonic() >= self._probe_due:
+                self._look_for_change()  # (a busy queue still looks every interval)
 
     def _submit(self, fn: Callable[[], T], priority: int) -> concurrent.futures.Future[T]:
         """``fn`` on the connection's thread; the future is cancelled, not run, if its caller

@@ -15,6 +15,7 @@ and generator per lease).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import Callable
@@ -93,6 +94,7 @@ class WatchHub:
         self._fresh: set[str] = set()  # names with a watch not yet told its record
         self._gone: set[str] = set()  # names nobody watches any more, still in the copy
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # something changed, or a watch came or went: look
         self._copied_on: sqlite3.Connection | None = None  # the connection the copy is in
 
     @property
@@ -108,6 +110,7 @@ class WatchHub:
         self._watches.setdefault(name, set()).add(watch)
         self._fresh.add(name)
         self._gone.discard(name)
+        self._wake.set()
         if self._task is None:
             self._task = self._supervisor.spawn("sqlite-watch", self._poll)
         return watch
@@ -119,6 +122,7 @@ class WatchHub:
             if not watches:
                 del self._watches[watch.name]
                 self._gone.add(watch.name)
+                self._wake.set()  # (the poller ends when nobody watches)
         watch.end()
 
     async def close(self) -> None:
@@ -137,16 +141,35 @@ class WatchHub:
         of the store: the copy may have moved past what was handed on."""
         data_version: int | None = None
         writes: int | None = None
+        self._wake = wake = asyncio.Event()  # (of this loop)
         self._restart_all()
-        while self._watches:
-            try:
-                data_version, writes = await self._look(data_version, writes)
-            except StoreUnavailable:
-                self._restart_all()
-                data_version = None
-                await asyncio.sleep(self._interval * 10)
-                continue
-            await asyncio.sleep(self._interval)
+        loop = asyncio.get_running_loop()
+        # The connection's thread looks at ``data_version`` every interval and wakes this
+        # loop only when the file changed (or this client wrote): no thread crossing per
+        # interval while nothing happens.
+
+        def changed() -> None:  # (on the connection's thread)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake.set)
+
+        self._connection.on_change(self._interval, changed)
+        try:
+            while self._watches:
+                await wake.wait()
+                wake.clear()
+                if not self._watches:
+                    break
+                try:
+                    data_version, writes = await self._look(data_version, writes)
+                except StoreUnavailable:
+                    self._restart_all()
+                    data_version = None
+                    await asyncio.sleep(self._interval * 10)
+                    wake.set()
+                    continue
+                await asyncio.sleep(self._interval)  # at most one look per interval
+        finally:
+            self._connection.on_change(self._interval, None)
         # No await between the emptiness check and this: a new watch starts a new loop.
         self._task = None
 
@@ -155,6 +178,7 @@ class WatchHub:
             for watch in watches:
                 watch.restart()
         self._fresh.update(self._watches)
+        self._wake.set()
 
     async def _look(self, last_version: int | None, last_writes: int | None) -> tuple[int, int]:
         """One poll. If the file changed since the last look (another connection committed, or
