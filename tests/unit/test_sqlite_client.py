@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +20,7 @@ import pytest
 from sidecar.backends.base import Candidate, LeaseRecord, LeaseStore
 from sidecar.backends.sqlite import SQLiteStoreClient
 from sidecar.supervisor import Supervisor
+from tests.support.tools import REPO
 
 LEASE = 30.0
 
@@ -334,6 +338,61 @@ async def test_the_poller_wakes_only_when_the_file_changed(
     finally:
         await reader.close()
         await writer.close()
+
+
+# Run in a mount namespace where /tmp and /var/tmp (SQLite's temporary directories) are
+# read-only and the working directory is /var/tmp, as in the chart's pods
+# (readOnlyRootFilesystem); the database is in a writable directory bound at /mnt.
+_READ_ONLY_TEMP = (
+    "mount --bind {data} /mnt && mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && "
+    "mount --bind /var/tmp /var/tmp && mount -o remount,bind,ro /var/tmp && cd /var/tmp && "
+    'exec "$0" -c "$1"'
+)
+_THREE_THOUSAND_FOLLOWERS = """
+import asyncio
+from sidecar.backends.sqlite import SQLiteStoreClient
+
+async def main():
+    client = SQLiteStoreClient("/mnt/leases.db", busy_timeout=5.0)
+    told = asyncio.Queue()
+    stops = [client.lease(f"l{i}").follow(told.put_nowait) for i in range(3000)]
+    for _ in stops:
+        await asyncio.wait_for(told.get(), 20.0)
+    for stop in stops:
+        stop()
+    await client.close()
+    print("every follower told")
+
+asyncio.run(main())
+"""
+
+
+def test_the_watch_poller_needs_no_temporary_files_for_thousands_of_leases(
+    tmp_path: Path,
+) -> None:
+    """The poller's copy of the watched rows, and what its statements build, stay in memory:
+    from about 2,500 leases SQLite would otherwise put them in files under /var/tmp or /tmp,
+    which a pod with a read-only root filesystem does not have, and every look failed."""
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount --bind /tmp /tmp"],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    script = _READ_ONLY_TEMP.format(data=tmp_path)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, sys.executable, _THREE_THOUSAND_FOLLOWERS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("TMPDIR", "SQLITE_TMPDIR")},
+            "PYTHONPATH": str(REPO),
+        },
+    )
+    assert "every follower told" in done.stdout, done.stderr[-2000:]
 
 
 # The leases table as written before issue 11 (no successor column).

@@ -270,6 +270,12 @@ def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
     takes an exclusive lock and, unlike ordinary statements, can fail at once with "database
     is locked" when several sidecars start together on a new file: retry that within the busy
     timeout. Runs on the connection's own thread, never the event loop."""
+    # The watch poller's copy of the watched rows (``WATCHED``) and the transient tables its
+    # statements build are kept in memory: as files they go to /var/tmp or /tmp from about
+    # 2,500 leases, which the chart's read-only root filesystem does not have (every look
+    # then fails with "disk I/O error"). 1.6 MiB at 10,000 leases. Before any temp table: a
+    # change drops them.
+    conn.execute("PRAGMA temp_store = MEMORY")
     deadline = time.monotonic() + busy_timeout
     while True:
         try:
