@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -17,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.backends.base import Candidate, LeaseRecord, LeaseStore
+from sidecar.backends.base import Candidate, LeaseRecord, LeaseStore, StoreUnavailable
 from sidecar.backends.sqlite import SQLiteStoreClient
+from sidecar.backends.sqlite.watch import WatchHub
 from sidecar.supervisor import Supervisor
 from tests.support.tools import REPO
 
@@ -338,6 +340,41 @@ async def test_the_poller_wakes_only_when_the_file_changed(
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_a_look_that_fails_is_logged_and_every_follower_is_told_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look the store refuses is retried — and said: a failure of the poller's own
+    statements leaves every follower deaf to the others while the electors' own requests may
+    all succeed."""
+    path = tmp_path / "leases.db"
+    client = SQLiteStoreClient(str(path), busy_timeout=5.0, watch_interval=0.01)
+    try:
+        told: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+        stop = client.lease("x").follow(told.put_nowait)
+        assert await _next(told) is None
+        real = WatchHub._look
+        failures = [3]
+
+        async def look(hub: WatchHub, *args: Any) -> tuple[int, int]:
+            if failures[0]:
+                failures[0] -= 1
+                raise StoreUnavailable("sqlite leases.db: disk I/O error")
+            return await real(hub, *args)
+
+        monkeypatch.setattr(WatchHub, "_look", look)
+        with caplog.at_level(logging.WARNING, logger="sidecar.sqlite"):
+            writer = SQLiteStoreClient(str(path), busy_timeout=5.0)
+            await writer.lease("y").try_acquire("a_1", LEASE, 0, expected=None)  # a look
+            await writer.close()
+            assert await _next(told) is None  # told anew once it reads again
+        lines = [r for r in caplog.records if r.name == "sidecar.sqlite"]
+        assert len(lines) == 1  # (one line per 10 s)
+        assert "cannot read the watched leases" in lines[0].getMessage()
+        stop()
+    finally:
+        await client.close()
 
 
 # Run in a mount namespace where /tmp and /var/tmp (SQLite's temporary directories) are

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,10 @@ from sidecar.backends.sqlite.schema import (
     WATCHED_SEEN,
     lease_record,
 )
+from sidecar.logs import Throttle, log
 from sidecar.supervisor import Supervisor
+
+logger = logging.getLogger("sidecar.sqlite")
 
 # What a subscription has seen before its first yield: unlike any version, and unlike None
 # (no row), so the first look always yields.
@@ -96,6 +100,7 @@ class WatchHub:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # something changed, or a watch came or went: look
         self._copied_on: sqlite3.Connection | None = None  # the connection the copy is in
+        self._failing = Throttle()  # a look that fails: one line per 10 s
 
     @property
     def polling(self) -> bool:
@@ -161,7 +166,19 @@ class WatchHub:
                     break
                 try:
                     data_version, writes = await self._look(data_version, writes)
-                except StoreUnavailable:
+                except StoreUnavailable as exc:
+                    # Said, not only retried: a failure of the poller's own statements (one
+                    # the electors' requests do not share) leaves every follower deaf.
+                    if self._failing.allow():
+                        log(
+                            logger,
+                            "warning",
+                            "the SQLite watch cannot read the watched leases; followers hear "
+                            "of no change until it can",
+                            error=str(exc),
+                            watched=len(self._watches),
+                            suppressed=self._failing.take_suppressed(),
+                        )
                     self._restart_all()
                     data_version = None
                     await asyncio.sleep(self._interval * 10)
