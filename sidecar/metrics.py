@@ -104,7 +104,9 @@ class _PerLease:
     def collect(self) -> Iterator[Metric]:
         family = self._family()
         kind = self._kind
-        created = prometheus_client.metrics._use_created
+        # prometheus_client's own switch (PROMETHEUS_DISABLE_CREATED_SERIES): private, so a
+        # release that renames it must not fail every scrape — emit _created, its default.
+        created = getattr(prometheus_client.metrics, "_use_created", True)
         for lease in list(self._leases):
             labels = list(lease._labels)
             if kind == "is_leader":

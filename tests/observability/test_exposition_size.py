@@ -77,3 +77,24 @@ def test_one_lease_costs_a_few_hundred_series() -> None:
     series, size = largest_exposition("--lease", "app")
     print(f"one lease: {series} series, {size} bytes")
     assert series < 300
+
+
+def test_the_per_lease_families_scrape_without_prometheus_clients_private_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The per-lease families read prometheus_client's private ``_use_created`` to match its
+    own families; a release without it must not fail every scrape: they emit ``_created``, as
+    prometheus_client does by default."""
+    import prometheus_client.metrics
+
+    from sidecar.metrics import _PerLease
+
+    registry = CollectorRegistry()
+    make = for_config(config.load(["--lease", "jobs"], {}), registry)
+    make("jobs").bind(lambda: True, lambda: 1.0)
+    monkeypatch.delattr(prometheus_client.metrics, "_use_created")
+    collectors = [c for c in registry._collector_to_names if isinstance(c, _PerLease)]
+    assert len(collectors) == 4
+    samples = {s.name for c in collectors for family in c.collect() for s in family.samples}
+    assert "leader_sidecar_is_leader" in samples
+    assert "leader_sidecar_renewal_gap_over_half_lease_created" in samples
