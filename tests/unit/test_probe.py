@@ -108,7 +108,10 @@ async def test_a_leader_keeps_renewing_on_its_own_while_the_store_refuses(
     began = time.monotonic()
     switch.refusing = True
     waited = await until(lambda: not lease_set.held(), 2, "every leader stepped down")
-    assert waited < TIMING.lease_duration, "a leader stepped down only at its deadline"
+    # The deadline comes 0.89 s after the store refuses at the latest (0.2 s renewals, lease
+    # 1 s less the 0.11 s margin); a busy CI loop stepped 40 leases down 0.15 s after it once.
+    # Waiting out the Retry-After (5 s) is what this bounds.
+    assert waited < TIMING.lease_duration + 0.4, "a leader waited past its deadline"
     renewals = switch.since(began)["renew"] + switch.since(began)["renew_many"]
     assert renewals >= 2 * LEASES or switch.since(began)["renew_many"] >= 2, switch.since(began)
 
