@@ -110,14 +110,10 @@ class PodRoleLabel:
         previous_holder: Callable[[], str | None] = lambda: None,
         sleep: Sleep = asyncio.sleep,
         refusing: Refusing = never,
-        leases: Mapping[str, tuple[str, Callable[[], str | None]]] | None = None,
     ) -> None:
         self.api = api
         self._sleep = sleep
         self._refusing = refusing
-        # Several leases (``--lease a,b``, ``--shards``): each transition's Event names the
-        # Lease it is about — by the name users see (``namespace/name``): (Lease name, uid).
-        self._leases = dict(leases or {})
         self.namespace = namespace  # the pods', which may differ from the Lease's
         self.pod_name = pod_name
         self.key = key
