@@ -7,9 +7,10 @@ Lease 10 s, renew every 3 s: half the lease is 5 s, the deadline 8.9 s after a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -307,15 +308,25 @@ async def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_the_run_loop_alerts_a_hung_store_at_the_half_lease_mark() -> None:
-    """With the store hanging, the loop's next retry would come only well after half the lease;
-    the loop wakes at the half-lease mark instead, so the growing gap is alerted on time."""
-    timing = Timing(lease_duration=2.0, renew_interval=0.6, retry_period=0.5, request_timeout=0.3)
+@contextlib.asynccontextmanager
+async def leading_on_a_hung_store(timing: Timing) -> AsyncIterator[Rig]:
+    """An elector running on the real clock that led, then its store hangs every request."""
     rig = Rig(timing, SYSTEM_CLOCK)
     task = asyncio.create_task(rig.elector.run())
     try:
         await wait_for(rig.elector.is_leader, timeout=5)
         rig.store.hung = True
+        yield rig
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_run_loop_alerts_a_hung_store_at_the_half_lease_mark() -> None:
+    """With the store hanging, the loop's next retry would come only well after half the lease;
+    the loop wakes at the half-lease mark instead, so the growing gap is alerted on time."""
+    timing = Timing(lease_duration=2.0, renew_interval=0.6, retry_period=0.5, request_timeout=0.3)
+    async with leading_on_a_hung_store(timing) as rig:
         # Renewal sent at +0.6 s hangs until +0.9 s; the retry comes at +1.4 … +1.65 s. The
         # half-lease mark is +1.0 s.
         await wait_for(lambda: bool(rig.alerts), timeout=5)
@@ -332,9 +343,6 @@ async def test_the_run_loop_alerts_a_hung_store_at_the_half_lease_mark() -> None
             )
             == 1.0
         )
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_gap_alerted_while_the_renewal_is_out_says_it_is_waiting_for_an_answer() -> None:
@@ -342,17 +350,10 @@ async def test_a_gap_alerted_while_the_renewal_is_out_says_it_is_waiting_for_an_
     +1.15 s): the alert cannot name a store error yet, so it names the unanswered renewal and
     how long it has waited, not "no error"."""
     timing = Timing(lease_duration=2.0, renew_interval=0.6, retry_period=0.5, request_timeout=0.55)
-    rig = Rig(timing, SYSTEM_CLOCK)
-    task = asyncio.create_task(rig.elector.run())
-    try:
-        await wait_for(rig.elector.is_leader, timeout=5)
-        rig.store.hung = True
+    async with leading_on_a_hung_store(timing) as rig:
         await wait_for(lambda: bool(rig.alerts), timeout=5)
         (alert,) = rig.alerts
         assert alert.growing is True
         assert alert.last_error is not None
         assert alert.last_error.startswith("renewal sent 0.")
         assert alert.last_error.endswith("s ago, no answer yet")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
