@@ -90,10 +90,11 @@ class Sidecar:
         self.metrics = self.elector.metrics
         actions, self._gap_listener = self._store_actions()
         self.actions = ActionRunner([*actions, *self._app_actions()])
+        submit, on_gap_alert = self.actions.submit, self._on_gap_alert  # one each, shared
         for elector in self.leases.electors.values():
-            elector.on_transition(self.actions.submit)
+            elector.on_transition(submit)
             if self._gap_listener is not None:
-                elector.on_gap_alert(self._on_gap_alert)
+                elector.on_gap_alert(on_gap_alert)
         self.listeners: list[Listener] = []
         self.api_thread: ApiThread | None = None  # the listeners' thread (see api_thread)
         self._election: asyncio.Task[None] | None = None

@@ -30,8 +30,9 @@ class ChangeFeed:
         # across threads is a write to the loop's socket that hands the GIL over (issue 24:
         # thousands of them cost seconds of CPU at start-up).
         self._pending = False
+        poke = self._poke  # one bound method for every elector, not one each
         for elector in leases.electors.values():
-            elector.on_change(self._poke)
+            elector.on_change(poke)
 
     def _poke(self) -> None:
         """An elector's state changed (called on the election's thread)."""

@@ -98,8 +98,9 @@ class LeaseSet:
         # share is asked at every acquire, and counting 1,000 electors there each time cost
         # more CPU at start-up than the acquires themselves (renewals starved: issue 24).
         self._leading: set[str] = set()
-        for name, elector in electors.items():
-            self._track(name, elector)
+        track = self._track
+        for elector in electors.values():
+            elector.on_transition(track)
         self.slots = AcquireSlots(ACQUIRE_CONCURRENCY)
         self._last_change = float("-inf")  # when some lease's holder or term last changed
         self._mix: tuple[tuple[str, str], ...] = ()  # live candidates and their revisions
@@ -110,14 +111,12 @@ class LeaseSet:
         self.batching: Batching | None = None
         self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
 
-    def _track(self, name: str, elector: Elector) -> None:
-        def changed(transition: Transition) -> None:
-            if transition.role is Role.LEADER:
-                self._leading.add(name)
-            else:
-                self._leading.discard(name)
-
-        elector.on_transition(changed)
+    def _track(self, transition: Transition) -> None:
+        """Every elector's transitions (one bound method for all, not a closure each)."""
+        if transition.role is Role.LEADER:
+            self._leading.add(transition.status.lease)
+        else:
+            self._leading.discard(transition.status.lease)
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -191,6 +190,9 @@ class LeaseSet:
         lease_set = cls(electors, client=client, clock=clock, supervisor=supervisor)
         lease_set.stand_back = stand_back
         slots = lease_set.slots
+        # One bound method each for every elector (a sidecar may run 10,000 of them).
+        gate, beat_sent_at = lease_set._gate, lease_set._beat_sent_at
+        note_change, track = lease_set._note_change, lease_set._track
         for name, shown in names:
             lease_set.aliases[name] = shown
             electors[shown] = Elector(
@@ -202,13 +204,13 @@ class LeaseSet:
                 clock=clock,
                 rng=rng,
                 stand_back=stand_back,
-                gate=lease_set._gate,
+                gate=gate,
                 acquire_slots=slots,
-                beat_sent_at=lease_set._beat_sent_at,
+                beat_sent_at=beat_sent_at,
                 supervisor=lease_set.supervisor,
             )
-            electors[shown].on_change(lease_set._note_change)
-            lease_set._track(shown, electors[shown])
+            electors[shown].on_change(note_change)
+            electors[shown].on_transition(track)
         if several and isinstance(client, RenewsMany):
             by_name = dict(zip(electors.values(), (name for name, _ in names), strict=True))
             lease_set.batching = Batching(client, by_name, lease_set.primary.metrics.store_request)

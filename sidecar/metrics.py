@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -50,17 +50,38 @@ def gap_buckets(lease_duration: float) -> list[float]:
     return [float(lease * n / d) for n, d in GAP_FRACTIONS]
 
 
+class ScrapedState(Protocol):
+    """What a lease's metrics read at scrape time (the `Elector`)."""
+
+    def is_leader(self) -> bool: ...
+
+    def seconds_since_renewal(self) -> float: ...
+
+
+class _NotBound:
+    """Before `Metrics.bind`: not leading, no renewal."""
+
+    def is_leader(self) -> bool:
+        return False
+
+    def seconds_since_renewal(self) -> float:
+        return 0.0
+
+
+_NOT_BOUND = _NotBound()
+
+
 class _Lease:
     """One lease's values of the families kept per lease (`_PerLease`): a few slots instead of
     a prometheus_client child per family (each ~0.9 KB with its lock and label dict: 3.5 MB at
     1,000 leases, issue 24). The API of the children it replaces: ``set``, ``inc``."""
 
-    __slots__ = ("_labels", "_leading", "_since_renewal", "created", "gaps", "value")
+    __slots__ = ("_labels", "_source", "created", "gaps", "value")
 
     def __init__(self, labels: tuple[str, str]) -> None:
         self._labels = labels
-        self._leading: Callable[[], bool] = lambda: False
-        self._since_renewal: Callable[[], float] = lambda: 0.0
+        # Read at scrape time: the elector itself, not two bound methods of it (issue 24).
+        self._source: ScrapedState = _NOT_BOUND
         self.value = 0.0  # the term
         self.gaps = 0.0  # renewal gaps past half the lease
         self.created = time.time()
@@ -110,11 +131,11 @@ class _PerLease:
         for lease in list(self._leases):
             labels = list(lease._labels)
             if kind == "is_leader":
-                family.add_metric(labels, 1.0 if lease._leading() else 0.0)
+                family.add_metric(labels, 1.0 if lease._source.is_leader() else 0.0)
             elif kind == "term":
                 family.add_metric(labels, lease.value)
             elif kind == "seconds_since_renewal":
-                family.add_metric(labels, lease._since_renewal())
+                family.add_metric(labels, lease._source.seconds_since_renewal())
             else:
                 assert isinstance(family, CounterMetricFamily)
                 family.add_metric(labels, lease.gaps, created=lease.created if created else None)
@@ -273,12 +294,11 @@ class Metrics:
             for outcome in STORE_ALERT_OUTCOMES:
                 self._store_requests.labels(*self._grouped, op, outcome)
 
-    def bind(self, leading: Callable[[], bool], since_renewal: Callable[[], float]) -> None:
+    def bind(self, source: ScrapedState) -> None:
         """Evaluate leadership and renewal age at scrape time, never from a cached flag."""
-        self._lease._leading = leading
-        self._lease._since_renewal = since_renewal
+        self._lease._source = source
         if self.master_status is not None:
-            self.master_status.set_function(lambda: 1.0 if leading() else 0.0)
+            self.master_status.set_function(lambda: 1.0 if source.is_leader() else 0.0)
 
     def transition(self, role: str) -> None:
         self._transitions.labels(*self._grouped, role).inc()

@@ -38,7 +38,7 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.elector import Elector, Role
+from sidecar.elector import Elector, Role, no_scheduler
 
 logger = logging.getLogger("sidecar.schedule")
 
@@ -113,8 +113,9 @@ class Scheduler:
         if self._watches is not None:
             return
         self._watches = [elector.start_watch() for elector in self.electors]
+        woken = self._woken  # one bound method for every elector, not one each
         for elector in self.electors:
-            elector.wake_scheduler = lambda e=elector: self._woken(e)  # type: ignore[misc]
+            elector.wake_scheduler = woken
             self._push(elector, elector.wake_at())
         self._dispatch(self._pop_due(self._clock.now()))
 
@@ -150,7 +151,7 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for elector in self.electors:
-                elector.wake_scheduler = lambda: None
+                elector.wake_scheduler = no_scheduler
 
     def _pop_due(self, now: float) -> list[Elector]:
         """Every elector whose moment has come: its timers ticked, and those due for a step."""

@@ -19,6 +19,16 @@ MAX_SERIES = 5_000
 MAX_BYTES = 500_000
 
 
+class Leading:
+    """A lease led for a second (`sidecar.metrics.ScrapedState`)."""
+
+    def is_leader(self) -> bool:
+        return True
+
+    def seconds_since_renewal(self) -> float:
+        return 1.0
+
+
 def largest_exposition(*argv: str) -> tuple[int, int]:
     """(series, bytes) of the sidecar's registry once every label value has been used."""
     loaded = config.load(
@@ -30,7 +40,7 @@ def largest_exposition(*argv: str) -> tuple[int, int]:
     make = for_config(loaded, registry)
     for name in loaded.lease_names:
         metrics = make(loaded.ref(name))
-        metrics.bind(lambda: True, lambda: 1.0)
+        metrics.bind(Leading())
         metrics.term.set(123456)
         for role in ROLES:
             metrics.transition(role)
@@ -91,7 +101,7 @@ def test_the_per_lease_families_scrape_without_prometheus_clients_private_switch
 
     registry = CollectorRegistry()
     make = for_config(config.load(["--lease", "jobs"], {}), registry)
-    make("jobs").bind(lambda: True, lambda: 1.0)
+    make("jobs").bind(Leading())
     monkeypatch.delattr(prometheus_client.metrics, "_use_created")
     collectors = [c for c in registry._collector_to_names if isinstance(c, _PerLease)]
     assert len(collectors) == 4

@@ -17,6 +17,31 @@ def _record(version: str) -> LeaseRecord:
     return lease_record(holder="a_1", term=1, duration=5.0, version=version)
 
 
+class Source:
+    """A lease to follow (`FollowSource`) whose messages are versions."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[LeaseRecord | None]],
+        spawn: Callable[[str, Callable[[], Awaitable[object]]], asyncio.Task[None]],
+    ) -> None:
+        self.read = read
+        self._spawn = spawn
+        self.unfollowed: list[Follower] = []
+
+    def message_record(self, payload: str) -> LeaseRecord | None:
+        return _record(payload)  # a message is its version here
+
+    async def read_until_it_answers(self) -> LeaseRecord | None:
+        return await self.read()
+
+    def spawn(self, name: str, work: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
+        return self._spawn(name, work)
+
+    def unfollow(self, follower: Follower) -> None:
+        self.unfollowed.append(follower)
+
+
 async def test_a_message_during_the_read_comes_after_the_reads_record() -> None:
     calls: list[str | None] = []
     answer: asyncio.Future[LeaseRecord | None] = asyncio.get_running_loop().create_future()
@@ -27,13 +52,8 @@ async def test_a_message_during_the_read_comes_after_the_reads_record() -> None:
 
         return asyncio.create_task(run(), name=name)
 
-    follower = Follower(
-        "ch",
-        lambda r: calls.append(r.version if r else None),
-        _record,  # a message is its version here
-        lambda: answer,
-        spawn,
-    )
+    source = Source(lambda: answer, spawn)
+    follower = Follower("ch", lambda r: calls.append(r.version if r else None), source)
     follower.deliver("v1")  # no read out: at once
     assert calls == ["v1"]
     follower.subscribed()  # a read goes out
@@ -49,6 +69,7 @@ async def test_a_message_during_the_read_comes_after_the_reads_record() -> None:
     follower.stop()
     follower.deliver("v6")
     assert calls == ["v1", "v3", "v4", "v5"]
+    assert source.unfollowed == [follower]  # stopping takes it off the hub
 
 
 async def test_a_read_run_again_after_its_callback_raised_holds_what_comes_meanwhile() -> None:
@@ -73,7 +94,7 @@ async def test_a_read_run_again_after_its_callback_raised_holds_what_comes_meanw
         calls.append(record.version if record else None)
 
     supervisor = Supervisor(backoff=(0.01, 0.01))
-    follower = Follower("ch", callback, _record, read, supervisor.spawn)
+    follower = Follower("ch", callback, Source(read, supervisor.spawn))
     follower.subscribed()
     await asyncio.sleep(0)
     answers[0].set_result(_record("v1"))  # the callback raises on it

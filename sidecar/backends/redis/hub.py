@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sidecar.backends.base import LeaseRecord
 
@@ -65,6 +65,22 @@ class Mailbox:
         return taken
 
 
+class FollowSource(Protocol):
+    """What a `Follower` asks of the lease it follows (`RedisLease`)."""
+
+    def message_record(self, payload: str) -> LeaseRecord | None:
+        """A published message as the record (tagged); None if it is not one."""
+
+    async def read_until_it_answers(self) -> LeaseRecord | None:
+        """The record, retried until the store answers."""
+
+    def spawn(self, name: str, work: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
+        """``work`` as a supervised task."""
+
+    def unfollow(self, follower: Follower) -> None:
+        """``follower`` stopped: off the hub."""
+
+
 class Follower:
     """One watch as calls (`FollowsByCall`): a 1,000-lease sidecar then runs no task per
     lease. Each message is decoded and handed on at once. A (re)subscription — or a message
@@ -72,21 +88,19 @@ class Follower:
     before that read is sent are superseded by it, and those that arrive while it is out are
     held (the newest) and handed on after its record, as `Mailbox` orders them for a watch."""
 
-    __slots__ = ("_callback", "_decode", "_held", "_read", "_reading", "_spawn", "channel")
+    __slots__ = ("_callback", "_held", "_reading", "_source", "channel")
 
     def __init__(
         self,
         channel: str,
         callback: Callable[[LeaseRecord | None], None],
-        decode: Callable[[str], LeaseRecord | None],
-        read: Callable[[], Awaitable[LeaseRecord | None]],
-        spawn: Callable[[str, Callable[[], Awaitable[object]]], asyncio.Task[None]],
+        source: FollowSource,
     ) -> None:
         self.channel = channel
         self._callback: Callable[[LeaseRecord | None], None] | None = callback
-        self._decode = decode  # a message as the record (tagged), None if it is not one
-        self._read = read  # the record, retried until the store answers
-        self._spawn = spawn
+        # The lease's store itself, not three bound methods of it and a closure to stop:
+        # a sidecar may follow 10,000 leases (issue 24).
+        self._source = source
         self._reading: asyncio.Task[None] | None = None
         self._held: str | None = None  # while a read is out: the newest message since it was sent
 
@@ -99,7 +113,7 @@ class Follower:
         if self._reading is not None:
             self._held = payload
             return
-        record = self._decode(payload)
+        record = self._source.message_record(payload)
         if record is None:  # something else published here: the read reports it
             self._reread()
         else:
@@ -111,13 +125,13 @@ class Follower:
         if self._reading is not None:
             self._reading.cancel()  # (its record would be older than the one read next)
         self._held = None
-        self._reading = self._spawn("redis-watch-read", self._read_and_call)
+        self._reading = self._source.spawn("redis-watch-read", self._read_and_call)
 
     async def _read_and_call(self) -> None:
         """Read, then hand on the record and what came while it was out. Run under the
         client's supervisor: a callback that raises here is counted and run again."""
         self._held = None  # sent from here on: what came before is superseded by the read
-        record = await self._read()
+        record = await self._source.read_until_it_answers()
         callback = self._callback
         if callback is None:
             return
@@ -140,10 +154,12 @@ class Follower:
         return held
 
     def stop(self) -> None:
+        """No more calls, and off the hub (what `FollowsByCall.follow` returns)."""
         self._callback = None
         if self._reading is not None:
             self._reading.cancel()
             self._reading = None
+        self._source.unfollow(self)
 
 
 class ChannelHub:
@@ -153,7 +169,9 @@ class ChannelHub:
 
     def __init__(self, client: RedisStoreClient) -> None:
         self._client = client
-        self._mailboxes: dict[str, set[Mailbox | Follower]] = {}
+        # Per channel, its watches: nearly always one, so a list (64 bytes) and not a set
+        # (216): a sidecar may watch 10,000 channels.
+        self._mailboxes: dict[str, list[Mailbox | Follower]] = {}
         self._confirmed: set[str] = set()  # channels the server confirmed on this connection
         self._joined = 0  # bumped when a channel is watched or no longer is: resubscribe
         self._wake = asyncio.Event()
@@ -171,7 +189,9 @@ class ChannelHub:
 
     def _add(self, mailbox: Mailbox | Follower) -> None:
         channel = mailbox.channel
-        self._mailboxes.setdefault(channel, set()).add(mailbox)
+        watchers = self._mailboxes.setdefault(channel, [])
+        if mailbox not in watchers:
+            watchers.append(mailbox)
         self._joined += 1
         if channel in self._confirmed:
             mailbox.subscribed()  # already subscribed here: read now
@@ -186,8 +206,8 @@ class ChannelHub:
 
     def leave(self, mailbox: Mailbox | Follower) -> None:
         watchers = self._mailboxes.get(mailbox.channel)
-        if watchers is not None:
-            watchers.discard(mailbox)
+        if watchers is not None and mailbox in watchers:
+            watchers.remove(mailbox)
             if not watchers:
                 del self._mailboxes[mailbox.channel]
                 self._joined += 1
@@ -251,13 +271,13 @@ class ChannelHub:
                     client.epoch += 1
                     self._confirmed.clear()
                 self._confirmed.add(channel)
-                for mailbox in self._mailboxes.get(channel, ()):
+                for mailbox in tuple(self._mailboxes.get(channel, ())):
                     mailbox.subscribed()
             elif kind == "unsubscribe":
                 self._confirmed.discard(channel)
             elif kind == "message":
                 try:
-                    for mailbox in self._mailboxes.get(channel, ()):
+                    for mailbox in tuple(self._mailboxes.get(channel, ())):
                         mailbox.deliver(message["data"])
                 except Exception as exc:
                     raise WatchCallbackFailed(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -30,10 +30,22 @@ class RedisLease:
     GC_LEASES = 20
     GC_MIN = 60.0
 
+    # The channel is kept (the hub and redis-py key their subscriptions by it); the two keys
+    # are made when used: a sidecar may hold 10,000 of these, and a batch makes its own.
+    __slots__ = ("_channel", "client", "lease")
+
     def __init__(self, client: RedisStoreClient, name: str) -> None:
         self.client = client
         self.lease = name
-        self._holder_key, self._term_key, self._channel = lease_keys(name)
+        self._channel = lease_keys(name)[2]
+
+    @property
+    def _holder_key(self) -> str:
+        return lease_keys(self.lease)[0]
+
+    @property
+    def _term_key(self) -> str:
+        return lease_keys(self.lease)[1]
 
     # The client's settings, read where the single-lease store exposed them.
     @property
@@ -253,35 +265,32 @@ class RedisLease:
                 if record is not None:
                     yield self.client.tagged(record)
                 else:
-                    yield await self._read_until_it_answers()
+                    yield await self.read_until_it_answers()
         finally:
             self.client.hub.leave(mailbox)
 
     def follow(self, callback: Callable[[LeaseRecord | None], None]) -> Callable[[], None]:
         """`watch` as calls of ``callback`` (`FollowsByCall`): no task per lease, the hub
         hands each message on as it comes; a (re)subscription reads first (`Follower`)."""
-        follower = Follower(
-            self._channel,
-            callback,
-            self._message_record,
-            self._read_until_it_answers,
-            self.client.supervisor.spawn,
-        )
+        follower = Follower(self._channel, callback, self)
         self.client.hub.follow(follower)
+        return follower.stop
 
-        def stop() -> None:
-            follower.stop()
-            self.client.hub.leave(follower)
+    # -- what a `Follower` asks of its lease (`FollowSource`) -------------------------------
 
-        return stop
-
-    def _message_record(self, payload: str) -> LeaseRecord | None:
+    def message_record(self, payload: str) -> LeaseRecord | None:
         """A published record, tagged; None if the message is not one (then a read)."""
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return self.client.tagged(value_record(payload))
         return None
 
-    async def _read_until_it_answers(self) -> LeaseRecord | None:
+    def spawn(self, name: str, work: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
+        return self.client.supervisor.spawn(name, work)
+
+    def unfollow(self, follower: Follower) -> None:
+        self.client.hub.leave(follower)
+
+    async def read_until_it_answers(self) -> LeaseRecord | None:
         """The record, retried with backoff (never raises: the elector relies on the watch;
         each failure is logged once by the client and bumps its epoch)."""
         low, high = self.client.WATCH_BACKOFF
