@@ -58,7 +58,9 @@ async def test_after_a_failover_the_store_moves_to_the_new_master_within_seconds
         new = group.wait_master_is_not(old)
         switched_at = time.monotonic()
         renewed = None
-        while renewed is None and time.monotonic() - switched_at < 3:
+        # Normally 0.1 s. The bound is wide: what proves "at once" is the old master still
+        # being a master afterwards (it converts ~10 s after the switch), asserted below.
+        while renewed is None and time.monotonic() - switched_at < 8:
             try:
                 candidate = await store.renew("a_1", granted.term, 30.0)
             except StoreUnavailable:
