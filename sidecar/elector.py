@@ -253,7 +253,7 @@ class Elector:
         self._published: tuple[bool, str | None, int] | None = None  # `_shown` when published
         # Tuples, the empty one shared: a list each cost ~90 bytes more per elector.
         self._transition_listeners: tuple[Callable[[Transition], None], ...] = ()
-        self._change_listeners: tuple[Callable[[], None], ...] = ()
+        self._change_listeners: tuple[Callable[[Elector], None], ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
         self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
         self._gap_listeners: tuple[Callable[[GapAlert], None], ...] = ()
@@ -351,11 +351,11 @@ class Elector:
     def on_gap_alert(self, listener: Callable[[GapAlert], None]) -> None:
         self._gap_listeners = (*self._gap_listeners, listener)
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """``listener`` is called (on the election's thread) whenever the ETag changes; it
-        must be thread-safe and must not block (e.g. ``loop.call_soon_threadsafe``). A leader
-        passing its deadline with no election activity is not reported: readers time that
-        from ``status().valid_for`` themselves."""
+    def on_change(self, listener: Callable[[Elector], None]) -> None:
+        """``listener(elector)`` is called (on the election's thread) whenever the ETag
+        changes; it must be thread-safe and must not block (e.g.
+        ``loop.call_soon_threadsafe``). A leader passing its deadline with no election
+        activity is not reported: readers time that from ``status().valid_for`` themselves."""
         self._change_listeners = (*self._change_listeners, listener)
 
     async def release_from_any_loop(
@@ -1040,7 +1040,7 @@ class Elector:
                 self._changed = None
             for listener in self._change_listeners:
                 try:
-                    listener()
+                    listener(self)
                 except Exception:
                     logger.exception("change listener failed")
 

@@ -404,7 +404,7 @@ class LeaseSet:
         for elector in self.electors.values():
             elector.poke()  # a share may have grown
 
-    def _note_change(self) -> None:
+    def _note_change(self, _elector: Elector) -> None:
         self._last_change = self._clock.now()
         self._rebalance.set()
         if self.beat is not None:
