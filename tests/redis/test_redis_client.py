@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from sidecar.backends.base import Candidate, LeaseRecord, StoreUnavailable
 from sidecar.backends.redis import RedisStoreClient, candidates_key, lease_keys, parse_target
+from sidecar.backends.redis.reads import WatchReads
 from tests.redis.servers import RedisServer
 from tests.redis.test_redis_store import documented_acl
 
@@ -128,6 +129,73 @@ async def test_a_watch_that_ends_unsubscribes_its_channel_and_the_last_closes_th
             assert int(str(subscriber["sub"])) == 2
         await asyncio.sleep(0.3)
         assert [c for c in connections_of(server, NAME) if int(str(c["sub"])) > 0] == []
+
+
+def script_calls(server: RedisServer) -> int:
+    """EVALSHA and EVAL calls the server answered since its stats were reset."""
+    with server.client() as admin:
+        stats = admin.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+async def test_a_thousand_watches_read_their_records_in_a_few_requests_each_its_own(
+    server: RedisServer,
+) -> None:
+    """Every watch reads its record when its channel is subscribed: 1,000 at once at a
+    sidecar's start. One script per read made 1,000 requests whose round trips took the CPU
+    the renewals needed (issue 24); batched, a handful — and each lease still gets its own
+    record, including one whose key holds something that is not a record."""
+    names = [f"batch-{i}" for i in range(1000)]
+    async with client_of(server.url) as holder:
+        grants = {
+            n: await holder.lease(n).try_acquire("a_1", 30.0, 0, expected=None) for n in names[:5]
+        }
+    with server.client() as admin:
+        admin.set(lease_keys(names[7])[0], "not json")
+        admin.config_resetstat()
+    async with client_of(server.url) as client, watching_all(client, names) as queues:
+        first = dict(
+            zip(
+                names,
+                await asyncio.wait_for(
+                    asyncio.gather(*(queues[n].get() for n in names)), timeout=20
+                ),
+                strict=True,
+            )
+        )
+        reads = script_calls(server)
+        assert reads <= 2 * -(-1000 // WatchReads.MOST) + 2, reads  # (was 1,000)
+    for name, grant in grants.items():
+        record = first[name]
+        assert record is not None
+        assert record.holder == "a_1"
+        assert record.version == grant.version  # the same epoch (0) on both clients
+    unreadable = first[names[7]]
+    assert unreadable is not None
+    assert unreadable.unreadable is not None
+    assert all(first[n] is None for n in names[5:] if n != names[7])
+
+
+async def test_a_lease_whose_key_cannot_be_read_fails_its_own_read_not_the_others(
+    server: RedisServer,
+) -> None:
+    """A key of another type makes READ fail; in a batch that is that lease's failure alone
+    (as its own read's would be, without a new epoch), and every other lease is answered."""
+    with server.client() as admin:
+        admin.hset(lease_keys("wrong")[0], "field", "value")
+    async with client_of(server.url) as client:
+        granted = await client.lease("right").try_acquire("a_1", 30.0, 0, expected=None)
+        epoch = client.epoch
+        wrong, right = await asyncio.gather(
+            client.watch_reads.read("wrong"), client.watch_reads.read("right"),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert isinstance(wrong, StoreUnavailable), wrong
+        assert "unexpected value" in str(wrong)
+        assert lease_keys("wrong")[0] in str(wrong)
+        assert isinstance(right, LeaseRecord)
+        assert right.version == granted.version
+        assert client.epoch == epoch
 
 
 async def test_a_foreign_value_in_one_lease_does_not_restart_every_other_leases_count(

@@ -29,6 +29,7 @@ from sidecar.backends.base import (
 )
 from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
+from sidecar.backends.redis.reads import WatchReads
 from sidecar.backends.redis.scripts import (
     ACQUIRE,
     BEAT,
@@ -37,6 +38,7 @@ from sidecar.backends.redis.scripts import (
     LEAVE,
     MARK_LOST,
     READ,
+    READ_MANY,
     RELEASE,
     RENEW,
     RENEW_MANY,
@@ -99,9 +101,9 @@ class RedisStoreClient:
         self.wait_timeout = request_timeout / 2 if wait_timeout is None else wait_timeout
         self.clock = clock
         self._slots = asyncio.Semaphore(max_connections or self.MAX_CONNECTIONS)
-        # The watches' reads (at every (re)subscription) take at most half the connections:
-        # the rest stay free for acquires and renewals (`RedisLease.watch`).
-        self.watch_reads = asyncio.Semaphore(max(1, (max_connections or self.MAX_CONNECTIONS) // 2))
+        # The watches' reads (at every (re)subscription), many leases per request, take at
+        # most half the connections: the rest stay free for acquires and renewals.
+        self.watch_reads = WatchReads(self, max(1, (max_connections or self.MAX_CONNECTIONS) // 2))
         self._sentinel: Sentinel | None = None
         self._pool: ConnectionPool = self._make_pool(client_name)
         self.redis = Redis(connection_pool=self._pool)
@@ -113,6 +115,7 @@ class RedisStoreClient:
         self.release_script = self.redis.register_script(RELEASE)
         self.hand_over_script = self.redis.register_script(HAND_OVER)
         self.read_script = self.redis.register_script(READ)
+        self.read_many_script = self.redis.register_script(READ_MANY)
         self.mark_lost_script = self.redis.register_script(MARK_LOST)
         self.beat_script = self.redis.register_script(BEAT)
         self.beat_and_list_script = self.redis.register_script(BEAT_AND_LIST)
@@ -404,6 +407,7 @@ class RedisStoreClient:
 
     async def close(self) -> None:
         await self.hub.close()
+        await self.watch_reads.close()
         if self._sentinels is not None:
             self._sentinels.cancel()
             await asyncio.gather(self._sentinels, return_exceptions=True)

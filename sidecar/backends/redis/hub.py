@@ -71,8 +71,11 @@ class FollowSource(Protocol):
     def message_record(self, payload: str) -> LeaseRecord | None:
         """A published message as the record (tagged); None if it is not one."""
 
-    async def read_until_it_answers(self) -> LeaseRecord | None:
-        """The record, retried until the store answers."""
+    async def read_until_it_answers(
+        self, sent: Callable[[], None] | None = None
+    ) -> LeaseRecord | None:
+        """The record, retried until the store answers; ``sent`` is called each time the
+        request that reads it is sent."""
 
     def spawn(self, name: str, work: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
         """``work`` as a supervised task."""
@@ -85,8 +88,10 @@ class Follower:
     """One watch as calls (`FollowsByCall`): a 1,000-lease sidecar then runs no task per
     lease. Each message is decoded and handed on at once. A (re)subscription — or a message
     that is not a record — reads the record first, in a task of its own: messages that arrive
-    before that read is sent are superseded by it, and those that arrive while it is out are
-    held (the newest) and handed on after its record, as `Mailbox` orders them for a watch."""
+    before that read is sent (it may wait in `WatchReads`' queue for seconds) are superseded
+    by it, and the newest of those that arrive while it is out is held and handed on after
+    its record — unless the record shows it older (`_older`): a leader handed a stale record
+    after its own newer grant would step down for nothing."""
 
     __slots__ = ("_callback", "_held", "_reading", "_source", "channel")
 
@@ -130,8 +135,7 @@ class Follower:
     async def _read_and_call(self) -> None:
         """Read, then hand on the record and what came while it was out. Run under the
         client's supervisor: a callback that raises here is counted and run again."""
-        self._held = None  # sent from here on: what came before is superseded by the read
-        record = await self._source.read_until_it_answers()
+        record = await self._source.read_until_it_answers(self._forget_held)
         callback = self._callback
         if callback is None:
             return
@@ -140,7 +144,11 @@ class Follower:
             callback(record)
             held = self._take_held()
             if held is not None:
-                self.deliver(held)
+                message = self._source.message_record(held)
+                if message is None:
+                    self._reread()
+                elif not _older(message, record):
+                    callback(message)
         except BaseException:
             # A bug: the supervisor runs this read again, and until its record is handed on
             # a message waits for it (else it would go first, and the read's older record
@@ -148,6 +156,10 @@ class Follower:
             if self._callback is not None:
                 self._reading = asyncio.current_task()
             raise
+
+    def _forget_held(self) -> None:
+        """The read is sent: what came before is superseded by it."""
+        self._held = None
 
     def _take_held(self) -> str | None:
         held, self._held = self._held, None
@@ -160,6 +172,18 @@ class Follower:
             self._reading.cancel()
             self._reading = None
         self._source.unfollow(self)
+
+
+def _older(message: LeaseRecord, read: LeaseRecord | None) -> bool:
+    """``message`` was surely written before ``read``: an earlier term, or a holder of the
+    term that ``read`` shows released or lost (nothing writes a term's holder after that).
+    Terms only grow on one server; a server that lost writes means a new connection, and so
+    a new read, not a message held across it. Records that cannot be read prove nothing."""
+    if read is None or message.unreadable or read.unreadable:
+        return False
+    if message.term != read.term:
+        return message.term < read.term
+    return read.holder is None and message.holder is not None
 
 
 class ChannelHub:

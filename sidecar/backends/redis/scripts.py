@@ -333,6 +333,26 @@ READ = """
 return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 
+# Read many (the watches' reads, `reads.WatchReads`): READ for each lease, in one request.
+# KEYS a (holder key, term counter) pair per lease. No ARGV.
+# Returns READ's reply for each lease in turn, flattened ({0, value | nil, counter | nil}),
+# or {-1, the error, nil} for a lease whose keys cannot be read (another type in them): that
+# lease's read fails as READ would, and every other lease is still answered.
+READ_MANY = """
+local function read_one(holder_key, term_key)
+  return {0, redis.call('GET', holder_key), redis.call('GET', term_key)}
+end
+local replies = {}
+for i = 1, #KEYS - 1, 2 do
+  local ok, reply = pcall(read_one, KEYS[i], KEYS[i + 1])
+  if not ok then reply = {-1, tostring(reply), false} end
+  replies[#replies + 1] = reply[1]
+  replies[#replies + 1] = reply[2]
+  replies[#replies + 1] = reply[3]
+end
+return replies
+"""
+
 
 # Beat (a candidate's heartbeat), with the group's garbage collection.
 # KEYS[1] the group's hash. ARGV[1] identity, ARGV[2] its record (JSON with `gc_at_ms`: the

@@ -290,20 +290,18 @@ class RedisLease:
     def unfollow(self, follower: Follower) -> None:
         self.client.hub.leave(follower)
 
-    async def read_until_it_answers(self) -> LeaseRecord | None:
+    async def read_until_it_answers(
+        self, sent: Callable[[], None] | None = None
+    ) -> LeaseRecord | None:
         """The record, retried with backoff (never raises: the elector relies on the watch;
-        each failure is logged once by the client and bumps its epoch)."""
+        each failure is logged once by the client and bumps its epoch). Read with the other
+        watches' reads (`WatchReads`: a sidecar's every watch reads at its first subscription,
+        10,000 at once for 10,000 leases); ``sent`` is called when a request is sent."""
         low, high = self.client.WATCH_BACKOFF
         delay = low
         while True:
             try:
-                # Queued for one of the client's watch reads, not timed out while queued: a
-                # sidecar's every watch reads at its first subscription (10,000 at once for
-                # 10,000 leases), and as plain requests they took every connection for
-                # seconds, timed out waiting for one and started again, and the acquires and
-                # renewals behind them failed too (issue 24).
-                async with self.client.watch_reads:
-                    return await asyncio.wait_for(self.read(), self.client.request_timeout)
+                return await self.client.watch_reads.read(self.lease, sent)
             except (StoreError, TimeoutError):
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, high)
