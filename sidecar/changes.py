@@ -10,6 +10,8 @@ loop time the renewals need. The answer itself is still computed at the moment i
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,9 +30,13 @@ class ChangeFeed:
         self._leases = leases
         # What each lease showed at the last look, and when each lease led here stops being
         # led (by `time.monotonic`, the loop's clock; renewals move it without a poke, so a
-        # deadline reached is only the time to look again).
+        # deadline reached is only the time to look again), also in a heap: a wake-up takes
+        # the leaders whose deadline came, not every leader (an entry whose lease was looked
+        # at again since is stale: skipped).
         self._shown: dict[Elector, Shown] = {}
         self._leading: dict[Elector, float] = {}
+        self._deadlines: list[tuple[float, int, Elector]] = []
+        self._entries = itertools.count()  # (ties in the heap: never compare electors)
         self._look(leases.electors.values())
         self._changed = asyncio.Event()
         # The electors that changed since the last look (appended on the election's thread;
@@ -77,12 +83,16 @@ class ChangeFeed:
             while self._poked_by:
                 looking.append(self._poked_by.popleft())
             now = time.monotonic()
-            looking += [e for e, until in self._leading.items() if until <= now]
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][0] <= now:
+                until, _, elector = heapq.heappop(deadlines)
+                if self._leading.get(elector) == until:
+                    looking.append(elector)
             if self._look(looking):
                 self._changed.set()
                 self._changed = asyncio.Event()
             looking = []
-            timeout = min(self._leading.values(), default=now + FOLLOW_SECONDS) - now
+            timeout = (deadlines[0][0] if deadlines else now + FOLLOW_SECONDS) - now
             try:
                 async with asyncio.timeout(max(0.0, timeout)):
                     await poked.wait()
@@ -100,7 +110,10 @@ class ChangeFeed:
                 self._shown[elector] = state
                 changed = True
             if state[0]:
-                self._leading[elector] = now + valid_for + 0.001
+                until = now + valid_for + 0.001
+                if self._leading.get(elector) != until:
+                    self._leading[elector] = until
+                    heapq.heappush(self._deadlines, (until, next(self._entries), elector))
             else:
                 self._leading.pop(elector, None)
         return changed

@@ -278,7 +278,7 @@ class Elector:
     def shown(self) -> tuple[tuple[bool, str | None, int], float]:
         """What the ETag is made of now (leading, holder, term), and for how long this replica
         still leads (0 when it does not): `status` without building it, for a change feed that
-        looks at 10,000 leases at every change."""
+        may look at 10,000 leases at once (when it starts)."""
         now = self._clock.now()
         shown = self._shown(now)
         published = self._published

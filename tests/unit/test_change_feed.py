@@ -96,3 +96,24 @@ async def test_a_leader_whose_deadline_passes_wakes_the_waiters_without_any_chan
         assert await changed_within(feed, 0.5)
     finally:
         follower.cancel()
+
+
+async def test_a_deadline_that_comes_looks_at_that_leader_not_at_every_leader() -> None:
+    """A replica may lead 1,000 leases: their deadlines come one after another, and a look
+    at every leader each time was 1,000 looks per deadline."""
+    leases = Leases(1000)
+    for elector in leases.electors.values():
+        elector.holder, elector.term = "me", 1
+        elector.leading_until = time.monotonic() + 30.0
+    feed = ChangeFeed(cast(LeaseSet, leases))
+    follower = asyncio.create_task(feed.follow())
+    try:
+        await asyncio.sleep(0.01)
+        short = leases.electors["l9"]
+        short.change("me", 2, leads_for=0.1)
+        await asyncio.sleep(0.01)
+        Shown.looked = 0
+        assert await changed_within(feed, 2), "the deadline passed and nobody was told"
+        assert Shown.looked <= 3, Shown.looked
+    finally:
+        follower.cancel()

@@ -16,10 +16,12 @@ from sidecar.supervisor import Supervisor
 
 def _record(version: str) -> LeaseRecord:
     """A message's record: ``"v3"`` (a_1's grant of term 1), or ``"holder:term:version"``
-    (an empty holder: released)."""
+    (an empty holder: released; ``?``: a loss marker)."""
     if ":" not in version:
         return lease_record(holder="a_1", term=1, duration=5.0, version=version)
     holder, term, version = version.split(":")
+    if holder == "?":  # a loss marker: the counter without its holder key
+        return lease_record(holder=None, term=int(term), duration=0.0, version=version)
     return lease_record(
         holder=holder or None, term=int(term), duration=5.0, version=version,
         released=not holder,
@@ -146,6 +148,7 @@ async def test_a_message_held_during_the_read_that_the_record_shows_older_is_dro
         ("a_1:5:renewed", "a_1:5:grant", True),  # a renewal of the term: either, harmless
         ("a_1:5:grant", ":5:released", False),  # a holder of a term the read shows released
         ("b_1:6:next", ":5:released", True),  # a later term
+        ("a_1:5:put-back", "?:5:lost", True),  # the holder's renewal puts a lost grant back
     ]
     for held, read_record, handed_on in cases:
         calls.clear()

@@ -176,14 +176,15 @@ class Follower:
 
 def _older(message: LeaseRecord, read: LeaseRecord | None) -> bool:
     """``message`` was surely written before ``read``: an earlier term, or a holder of the
-    term that ``read`` shows released or lost (nothing writes a term's holder after that).
-    Terms only grow on one server; a server that lost writes means a new connection, and so
-    a new read, not a message held across it. Records that cannot be read prove nothing."""
+    term that ``read`` shows released (nothing writes a term's holder after its release; after
+    a loss marker the holder's renewal puts its grant back, at the same term). Terms only grow
+    on one server; a server that lost writes means a new connection, and so a new read, not a
+    message held across it. Records that cannot be read prove nothing."""
     if read is None or message.unreadable or read.unreadable:
         return False
     if message.term != read.term:
         return message.term < read.term
-    return read.holder is None and message.holder is not None
+    return read.released and message.holder is not None
 
 
 class ChannelHub:

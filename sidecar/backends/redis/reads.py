@@ -45,7 +45,7 @@ class WatchReads:
         self._slots = asyncio.Semaphore(slots)
         self._queued: dict[str, list[_Read]] = {}  # lease → its callers, oldest lease first
         self._sender: asyncio.Task[None] | None = None
-        self._out: set[asyncio.Task[None]] = set()
+        self._out: dict[asyncio.Task[None], list[tuple[str, list[_Read]]]] = {}  # batches sent
 
     async def read(self, lease: str, sent: Callable[[], None] | None = None) -> LeaseRecord | None:
         """The record of ``lease``, as `RedisLease.read` returns it (tagged), raising what it
@@ -68,10 +68,13 @@ class WatchReads:
                     self._slots.release()
                     continue
                 task = asyncio.create_task(self._send(batch))
-                self._out.add(task)
-                task.add_done_callback(self._out.discard)
+                self._out[task] = batch
+                task.add_done_callback(self._sent)
         finally:
             self._sender = None
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._out.pop(task, None)
 
     def _take(self) -> list[tuple[str, list[_Read]]]:
         """Up to `MOST` leases off the queue, each with the callers still waiting."""
@@ -88,16 +91,22 @@ class WatchReads:
         for lease, _ in batch:
             keys += lease_keys(lease)[:2]
 
-        async def work() -> list[Any]:
+        async def work() -> list[LeaseRecord | StoreError | None]:
             async with client.borrowed() as conn:
                 for _, reads in batch:
                     for read in reads:
                         if read.sent is not None:
                             read.sent()
-                return await client.read_many_script(keys=keys, client=conn)  # type: ignore[no-any-return]
+                reply = await client.read_many_script(keys=keys, client=conn)
+                # Tagged with the epoch of the moment the reply came, as `RedisLease.read`
+                # does: a reconnection after it is not one these records outlived.
+                return [
+                    self._answer(lease, reply[3 * i : 3 * i + 3])
+                    for i, (lease, _) in enumerate(batch)
+                ]
 
         try:
-            reply = await asyncio.wait_for(
+            answers = await asyncio.wait_for(
                 client.guarded(work, "the leases' holder keys"), client.request_timeout
             )
         except (StoreError, TimeoutError) as exc:
@@ -114,8 +123,7 @@ class WatchReads:
                         _settle(read, exc)
             raise
         else:
-            for i, (lease, reads) in enumerate(batch):
-                answer = self._answer(lease, reply[3 * i : 3 * i + 3])
+            for (_, reads), answer in zip(batch, answers, strict=True):
                 for read in reads:
                     _settle(read, answer)
         finally:
@@ -136,13 +144,17 @@ class WatchReads:
             return client.unavailable(exc, holder_key)
 
     async def close(self) -> None:
-        tasks = [*self._out, *([self._sender] if self._sender is not None else [])]
+        """Cancel every read, queued or out (a task cancelled before it ran settles none)."""
+        out = dict(self._out)
+        tasks = [*out, *([self._sender] if self._sender is not None else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for reads in self._queued.values():
-            for read in reads:
-                read.answer.cancel()
+        self._sender = None
+        for batch in [*out.values(), list(self._queued.items())]:
+            for _, reads in batch:
+                for read in reads:
+                    read.answer.cancel()
         self._queued.clear()
 
 

@@ -345,7 +345,10 @@ end
 local replies = {}
 for i = 1, #KEYS - 1, 2 do
   local ok, reply = pcall(read_one, KEYS[i], KEYS[i + 1])
-  if not ok then reply = {-1, tostring(reply), false} end
+  if not ok then
+    if type(reply) == 'table' and reply.err then reply = reply.err end  -- (an error reply)
+    reply = {-1, tostring(reply), false}
+  end
   replies[#replies + 1] = reply[1]
   replies[#replies + 1] = reply[2]
   replies[#replies + 1] = reply[3]
