@@ -111,9 +111,8 @@ class ChangeFeed:
                 changed = True
             if state[0]:
                 until = now + valid_for + 0.001
-                if self._leading.get(elector) != until:
-                    self._leading[elector] = until
-                    heapq.heappush(self._deadlines, (until, next(self._entries), elector))
+                self._leading[elector] = until
+                heapq.heappush(self._deadlines, (until, next(self._entries), elector))
             else:
                 self._leading.pop(elector, None)
         return changed

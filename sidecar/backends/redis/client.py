@@ -377,20 +377,28 @@ class RedisStoreClient:
         return await self.guarded(work, "the leases' holder keys")
 
     def _outcome(self, renewal: Renewal, reply: list[Any]) -> RenewalOutcome:
-        if int(reply[0]) == -1:  # this lease's value could not be decoded
-            holder_key = lease_keys(renewal.name)[0]
+        record = self.record_in(renewal.name, reply)
+        if isinstance(record, StoreError):
+            return record
+        if int(reply[0]) == 1:
+            assert record is not None
+            return record
+        return NotOwned(f"not held by {renewal.identity} with term {renewal.term}", record)
+
+    def record_in(self, lease: str, reply: list[Any]) -> LeaseRecord | StoreError | None:
+        """One lease's part of a many-lease script's reply (`RENEW_MANY`, `READ_MANY`), tagged;
+        or the error its own request would have raised: {-1, error} for keys that hold
+        something else, or a value that cannot be decoded."""
+        holder_key = lease_keys(lease)[0]
+        if int(reply[0]) == -1:
             return self.fail(
                 "error",
                 f"unexpected value in {holder_key} ({reply[1]}); something else writes to this key",
             )
         try:
-            record = self.tagged(reply_record(reply))
+            return self.tagged(reply_record(reply))
         except (ValueError, KeyError, TypeError) as exc:
-            return self.unavailable(exc, lease_keys(renewal.name)[0])
-        if int(reply[0]) == 1:
-            assert record is not None
-            return record
-        return NotOwned(f"not held by {renewal.identity} with term {renewal.term}", record)
+            return self.unavailable(exc, holder_key)
 
     async def _confirm_batch(self, conn: Redis, count: int) -> None:
         """``WAIT min_replicas`` after a batch of renewals: as for one renewal, too few

@@ -118,11 +118,21 @@ class Follower:
         if self._reading is not None:
             self._held = payload
             return
+        self._hand_on(payload, self._callback)
+
+    def _hand_on(
+        self,
+        payload: str,
+        callback: Callable[[LeaseRecord | None], None],
+        read: LeaseRecord | None = None,
+    ) -> None:
+        """The message's record to ``callback``, unless ``read`` (a record just handed on)
+        shows it older; a message that is not a record: read the record instead."""
         record = self._source.message_record(payload)
         if record is None:  # something else published here: the read reports it
             self._reread()
-        else:
-            self._callback(record)
+        elif not _older(record, read):
+            callback(record)
 
     def _reread(self) -> None:
         if self._callback is None:
@@ -144,11 +154,7 @@ class Follower:
             callback(record)
             held = self._take_held()
             if held is not None:
-                message = self._source.message_record(held)
-                if message is None:
-                    self._reread()
-                elif not _older(message, record):
-                    callback(message)
+                self._hand_on(held, callback, record)
         except BaseException:
             # A bug: the supervisor runs this read again, and until its record is handed on
             # a message waits for it (else it would go first, and the read's older record

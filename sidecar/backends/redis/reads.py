@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sidecar.backends.base import LeaseRecord, StoreError
-from sidecar.backends.redis.scripts import lease_keys, reply_record
+from sidecar.backends.redis.scripts import lease_keys
 
 if TYPE_CHECKING:
     from sidecar.backends.redis.client import RedisStoreClient
@@ -101,7 +101,7 @@ class WatchReads:
                 # Tagged with the epoch of the moment the reply came, as `RedisLease.read`
                 # does: a reconnection after it is not one these records outlived.
                 return [
-                    self._answer(lease, reply[3 * i : 3 * i + 3])
+                    client.record_in(lease, reply[3 * i : 3 * i + 3])
                     for i, (lease, _) in enumerate(batch)
                 ]
 
@@ -115,9 +115,10 @@ class WatchReads:
                     _settle(read, exc)
         except BaseException as exc:
             # Cancelled (the client closes), or a bug: no caller is left waiting for ever.
+            cancelled = isinstance(exc, asyncio.CancelledError)
             for _, reads in batch:
                 for read in reads:
-                    if isinstance(exc, asyncio.CancelledError):
+                    if cancelled:
                         read.answer.cancel()
                     else:
                         _settle(read, exc)
@@ -128,20 +129,6 @@ class WatchReads:
                     _settle(read, answer)
         finally:
             self._slots.release()
-
-    def _answer(self, lease: str, reply: list[Any]) -> LeaseRecord | StoreError | None:
-        """One lease's part of the reply: its record, or what its own read would raise."""
-        client = self._client
-        holder_key = lease_keys(lease)[0]
-        if int(reply[0]) == -1:  # its keys hold something else (READ fails the same way)
-            return client.fail(
-                "error",
-                f"unexpected value in {holder_key} ({reply[1]}); something else writes to this key",
-            )
-        try:
-            return client.tagged(reply_record(reply))
-        except (ValueError, KeyError, TypeError) as exc:
-            return client.unavailable(exc, holder_key)
 
     async def close(self) -> None:
         """Cancel every read, queued or out (a task cancelled before it ran settles none)."""
