@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -693,6 +694,40 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        return super().parse_known_args(self._joined(args), namespace)
+
+    def _joined(self, args: Sequence[str] | None) -> list[str]:
+        """``--lease-duration -5s`` as ``--lease-duration=-5s``: argparse takes a value that
+        starts with ``-`` (and is not a plain negative number) for a flag and answers
+        "expected one argument", hiding the line that says what is wrong with the value.
+        Only a flag that takes one value is joined, and never with a word that is itself a
+        flag, so a flag given without its value still gets argparse's own message."""
+        words = list(sys.argv[1:] if args is None else args)
+        flags = self._option_string_actions
+        joined: list[str] = []
+        index = 0
+        while index < len(words):
+            word = words[index]
+            action = flags.get(word)
+            value = words[index + 1] if index + 1 < len(words) else None
+            if (
+                action is not None
+                and action.nargs is None
+                and value is not None
+                and value.startswith("-")
+                and value.partition("=")[0] not in flags
+                and value != "--"
+            ):
+                joined.append(f"{word}={value}")
+                index += 2
+                continue
+            joined.append(word)
+            index += 1
+        return joined
 
 
 SERVER_EPILOG = """\
