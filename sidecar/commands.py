@@ -269,6 +269,10 @@ def status_main(argv: Sequence[str]) -> int:
 def transfer_main(argv: Sequence[str]) -> int:
     parsed = transfer_parser().parse_args(argv)
     to, lease, url = parsed.to, parsed.lease, parsed.url
+    unusable = _unusable_url(url)
+    if unusable:
+        print(f"leader-sidecar transfer: --url={_shown(url.encode())}: {unusable}", file=sys.stderr)
+        return 2
     body = {"to": to, **({"lease": lease} if lease else {})}
     request = urllib.request.Request(
         url.rstrip("/") + "/leader/transfer",
@@ -302,6 +306,23 @@ def transfer_main(argv: Sequence[str]) -> int:
         return 1
     print(json.dumps(answer))  # (ASCII: every control character escaped)
     return 0
+
+
+def _unusable_url(url: str) -> str | None:
+    """What is wrong with ``--url``, said before any request: urllib's own words for
+    ``127.0.0.1:4060`` are "unknown url type", which does not say that ``http://`` is missing."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unbalanced [ in the host
+        parsed = None
+    if parsed is not None and parsed.scheme in ("http", "https") and parsed.hostname:
+        return None
+    if "://" not in url:
+        return (
+            "http:// is missing; give the sidecar's --listen as a URL, "
+            f"e.g. http://{_shown(url.encode())}"
+        )
+    return "must be an http:// URL of the sidecar's --listen, e.g. http://127.0.0.1:4040"
 
 
 def _opener(url: str) -> urllib.request.OpenerDirector:
