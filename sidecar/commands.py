@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import logging
 import sys
 import urllib.error
 import urllib.parse
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sidecar import bounded_json
-from sidecar.backends.base import Candidate, LeaseRecord, StoreError
+from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError
 from sidecar.config import OPTIONS, Config, ConfigError, Option, Parser, add_options, load
 from sidecar.redact import terminal_text
 from sidecar.release_guard import RELEASE_HEADER
@@ -82,7 +83,7 @@ def candidate_row(candidate: Candidate, now: datetime, lease: float) -> dict[str
 async def gather_status(config: Config) -> dict[str, Any]:
     from sidecar.backends import open_client
 
-    client = open_client(config)
+    client = open_client(config, read_only=True)
     try:
         limit = asyncio.Semaphore(READ_CONCURRENCY)
         timeout = max(5.0, config.timing.request_timeout)
@@ -251,8 +252,14 @@ def status_main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
         return 2
+    # The one line below says why the store did not answer; the store clients' own warnings
+    # ("redis unavailable") would print before it through logging's last-resort handler.
+    logging.getLogger("sidecar").addHandler(logging.NullHandler())
     try:
         status = asyncio.run(gather_status(config))
+    except NoStore as exc:
+        print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
+        return 1
     except (StoreError, TimeoutError, OSError) as exc:
         print(
             f"leader-sidecar status: the store did not answer: {terminal_text(exc)}",

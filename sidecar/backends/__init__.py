@@ -11,17 +11,24 @@ if TYPE_CHECKING:
     from sidecar.supervisor import Supervisor
 
 
-def open_client(config: Config, supervisor: Supervisor | None = None) -> StoreClient:
+def open_client(
+    config: Config, supervisor: Supervisor | None = None, *, read_only: bool = False
+) -> StoreClient:
     """One connection to the configured store, shared by every lease of this sidecar. The
     tasks the client runs itself (a poller, a pub/sub hub, a shared watch) run under
-    ``supervisor`` (see `sidecar.supervisor`)."""
+    ``supervisor`` (see `sidecar.supervisor`). ``read_only``: for a reader that must create
+    nothing (``status``); a store that would create its file or schema on first use raises
+    `NoStore` instead (the network stores' reads create nothing anyway)."""
     scheme = config.store_scheme
     if scheme == "sqlite":
         from sidecar.backends.sqlite import SQLiteStoreClient, sqlite_path
 
         busy_timeout = 0.8 * config.timing.request_timeout
         return SQLiteStoreClient(
-            sqlite_path(config.store), busy_timeout=busy_timeout, supervisor=supervisor
+            sqlite_path(config.store),
+            busy_timeout=busy_timeout,
+            supervisor=supervisor,
+            read_only=read_only,
         )
     if scheme in ("redis", "rediss", "redis+sentinel"):
         from sidecar.backends.redis import open_redis_client

@@ -158,6 +158,11 @@ class StoreUnavailable(StoreError):
         self.retry_after = retry_after
 
 
+class NoStore(StoreError):
+    """A read-only client (``leader-sidecar status``) found no store where it was pointed: a
+    reader must not create one, and "nothing held" would be a confidently wrong answer."""
+
+
 class _WithRecord(StoreError):
     def __init__(self, message: str, record: LeaseRecord | None) -> None:
         super().__init__(message)

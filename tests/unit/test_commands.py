@@ -5,10 +5,12 @@ server's own flags are unchanged, and its help names the subcommands. Real proce
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from sidecar.backends.sqlite import SQLiteStoreClient
 from sidecar.config import OPTIONS
 from tests.unit.test_config import run_cli
 
@@ -88,8 +90,17 @@ def test_a_bad_argument_is_one_line_and_exit_2(
 
 
 def test_status_reads_its_store_and_leases_from_the_flags(tmp_path: Path) -> None:
-    """The flags reach the store: an empty SQLite file, two shards, nobody holding them."""
-    store = f"sqlite:///{tmp_path / 'leases.db'}"
+    """The flags reach the store: a store no lease was taken in, two shards, nobody holding
+    them."""
+    db = tmp_path / "leases.db"
+
+    async def used() -> None:  # (status creates no store: issue 32)
+        client = SQLiteStoreClient(str(db))
+        await client.candidates("jobs").list()
+        await client.close()
+
+    asyncio.run(used())
+    store = f"sqlite:///{db}"
     result = run_cli("status", "--store", store, "--lease", "jobs", "--shards", "2", "-o", "json")
     assert result.returncode == 0, result.stderr
     assert '"lease": "jobs-1"' in result.stdout

@@ -40,12 +40,13 @@ class SQLiteStoreClient:
         clock: Clock = SYSTEM_CLOCK,
         watch_interval: float = 0.05,
         supervisor: Supervisor | None = None,
+        read_only: bool = False,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
         self.clock = clock
         self.boot_id = _boot_id()
-        self.connection = Connection(path, busy_timeout, clock)
+        self.connection = Connection(path, busy_timeout, clock, read_only=read_only)
         self.hub = WatchHub(self.connection, watch_interval, supervisor or Supervisor())
 
     @property

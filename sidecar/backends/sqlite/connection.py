@@ -11,9 +11,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
-from sidecar.backends.base import StoreUnavailable
+from sidecar.backends.base import NoStore, StoreUnavailable
 from sidecar.backends.sqlite.schema import set_up
 from sidecar.clock import Clock
 
@@ -41,8 +42,11 @@ class Connection:
     a write that may wait for the file lock), a held lease's renewal goes ahead of the queued
     acquires instead of behind them, where it could miss its holder's deadline."""
 
-    def __init__(self, path: str, busy_timeout: float, clock: Clock) -> None:
+    def __init__(
+        self, path: str, busy_timeout: float, clock: Clock, *, read_only: bool = False
+    ) -> None:
         self.path = path
+        self.read_only = read_only
         self._busy_timeout = busy_timeout
         self._clock = clock
         self._jobs: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
@@ -91,6 +95,8 @@ class Connection:
                 logger.exception("the watch poller's wake-up failed")
 
     def _connect(self) -> sqlite3.Connection:
+        if self._conn is None and self.read_only:
+            self._conn = self._connect_read_only()
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
             # Text that is not UTF-8 (a hand edit) arrives with its bad bytes as lone
@@ -105,6 +111,32 @@ class Connection:
                 raise
             self._conn = conn
         return self._conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """For a reader (``status``): never creates the file, the tables, nor migrates an
+        older file (`set_up` would do all three), and says "no store" where there is none."""
+        path = Path(self.path).absolute()
+        if not path.is_file():
+            raise NoStore(
+                f"no store at {path}: no such file; pass the sidecar's --store (its default, "
+                "sqlite:///./leader-sidecar.db, is in the directory the sidecar started in)"
+            )
+        conn = sqlite3.connect(
+            path.as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=self._busy_timeout
+        )
+        conn.text_factory = _decode_text
+        try:
+            conn.execute("PRAGMA temp_store = MEMORY")
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            if not {"leases", "candidates"} <= tables:
+                raise NoStore(
+                    f"no store at {path}: a SQLite file no sidecar has used "
+                    "(is --store the sidecar's?)"
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _serve(self) -> None:
         while True:
