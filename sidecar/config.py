@@ -237,9 +237,11 @@ def parse_store(text: str) -> str:
     except ValueError:
         raise ValueError(_STORE_HELP) from None
     if parsed.scheme == "sqlite":
-        from sidecar.backends.sqlite import sqlite_path
+        from sidecar.backends.sqlite import never_works, sqlite_path
 
         path = Path(sqlite_path(value))
+        if reason := never_works(str(path)):
+            raise ValueError(reason)
         if not path.parent.is_dir():
             raise ValueError(
                 f"the directory {path.parent} does not exist; create it or pick another path"

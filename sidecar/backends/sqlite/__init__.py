@@ -16,6 +16,8 @@ connection, one thread and one change poller (`watch`); `SQLiteLeaseStore` is on
 client of its own. Candidate records live in the same file (`candidates`).
 """
 
+from pathlib import Path
+
 from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
 
 
@@ -27,4 +29,40 @@ def sqlite_path(url: str) -> str:
     return url[len(prefix) :]
 
 
-__all__ = ["SQLiteLeaseStore", "SQLiteStoreClient", "sqlite_path"]
+# The first 16 bytes of every SQLite database file (https://sqlite.org/fileformat.html).
+HEADER = b"SQLite format 3\x00"
+# Kernel filesystems: a file there is never a database, and SQLite only ever answers "unable
+# to open database file" there, for ever.
+KERNEL_FILESYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def never_works(path: str) -> str | None:
+    """Why the store at ``path`` can never work, whatever is retried — said at start, with
+    the flag, rather than as the same error every retry for ever — or None. What may come
+    back (a locked file, a full disk) is not judged here: that is retried, with ``/readyz``
+    503 and the reason. Reads 16 bytes at most, and only from a regular file."""
+    where = Path(path).absolute()
+    resolved = where.resolve()
+    for kernel in KERNEL_FILESYSTEMS:
+        if resolved == kernel or kernel in resolved.parents:
+            return (
+                f"{kernel} is a kernel filesystem, not a place for a database; pick a path on disk"
+            )
+    if not resolved.exists():
+        return None  # a new store: created on first use
+    if not resolved.is_file():
+        return f"{where} exists and is not a regular file; pick a path for a database file"
+    try:
+        with resolved.open("rb") as file:
+            header = file.read(len(HEADER))
+    except OSError as exc:
+        return f"{where} cannot be read by this user ({exc.strerror}); fix its permissions"
+    if header and header != HEADER:
+        return (
+            f"{where} is not a SQLite database; point --store at the sidecar's database or at "
+            "a path that does not exist yet"
+        )
+    return None
+
+
+__all__ = ["SQLiteLeaseStore", "SQLiteStoreClient", "never_works", "sqlite_path"]
