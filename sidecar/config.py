@@ -256,12 +256,14 @@ def parse_store(text: str) -> str:
             )
         return value
     if parsed.scheme in ("postgresql", "postgres"):
-        from sidecar.backends.postgresql.target import parse_target
+        from sidecar.backends.postgresql.target import missing_driver, parse_target
 
         try:
             parse_target(value)
         except ConfigError as exc:
             raise ValueError(exc.allowed) from None
+        if reason := missing_driver():
+            raise ValueError(reason)
         return value
     if parsed.scheme in ("etcd", "etcds") and parsed.netloc and port_ok:
         return value
@@ -300,7 +302,8 @@ OPTIONS: tuple[Option, ...] = (
         parse_store,
         "where the lease lives: kubernetes, sqlite:///PATH, redis://…, rediss://…, "
         "redis+sentinel://…, etcd://…, etcds://…, postgresql://… (default: kubernetes in a "
-        "cluster, else sqlite:///./leader-sidecar.db)",
+        "cluster, else sqlite:///./leader-sidecar.db). postgresql:// needs the [postgresql] "
+        "extra: pip install 'leader-sidecar[postgresql]'",
         "URL",
     ),
     Option(
@@ -459,7 +462,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--kubeconfig",
         parse_text,
-        "kubeconfig file outside a cluster (default KUBECONFIG, else in-cluster service account)",
+        "kubeconfig file outside a cluster (default KUBECONFIG, else in-cluster service "
+        "account); one whose user runs an exec plugin or auth-provider needs the "
+        "[kubeconfig-exec] extra: pip install 'leader-sidecar[kubeconfig-exec]'",
         "PATH",
     ),
     # Redis.
@@ -738,6 +743,10 @@ commands (each with its own --help):
   leader-sidecar transfer           ask the sidecar on this host to hand its lease(s) over
   leader-sidecar postgresql-schema  create the PostgreSQL store's schema and grants
 
+optional extras (a plain install has neither; without one, its store stops at start naming it):
+  --store postgresql://...                 pip install 'leader-sidecar[postgresql]'
+  a --kubeconfig with an exec plugin       pip install 'leader-sidecar[kubeconfig-exec]'
+
 exit status: 0 after SIGTERM/SIGINT (lease released), 1 if a listener cannot bind or the
 election fails, 2 for bad configuration.
 """
@@ -963,9 +972,12 @@ def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
     from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
 
     try:
-        return Kubeconfig.read(kubeconfig).namespace
+        config = Kubeconfig.read(kubeconfig)
     except KubeconfigError as exc:
         raise ConfigError(source, kubeconfig, str(exc)) from None
+    if reason := config.plugin_unavailable():
+        raise ConfigError(source, kubeconfig, reason)
+    return config.namespace
 
 
 def _namespace(environ: Mapping[str, str], context_namespace: str | None = None) -> str:

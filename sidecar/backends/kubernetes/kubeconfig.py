@@ -427,6 +427,24 @@ class Kubeconfig:
         plugin = "exec" in self.user.fields or "auth-provider" in self.user.fields
         return plugin and not any(self.user.fields.get(key) for key in own)
 
+    def plugin_unavailable(self) -> str | None:
+        """Why this kubeconfig cannot work here — its user needs a plugin, and the official
+        client that runs one (an optional extra) is not installed — or None. Asked at start:
+        without it the sidecar retried "cannot load the Kubernetes client configuration" for
+        ever. Looks the package up without importing it (that costs most of a second)."""
+        if not self.needs_plugin:
+            return None
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec("kubernetes") is not None
+        except (ImportError, ValueError):  # ValueError: blocked in sys.modules
+            found = False
+        if found:
+            return None
+        kind = "exec plugin" if "exec" in self.user.fields else "auth-provider"
+        return f"its user authenticates with an {kind}; {EXEC_FIX}"
+
     def connection(self, environ: Mapping[str, str] | None = None) -> Connection:
         environ = os.environ if environ is None else environ
         cluster, user = self.cluster.fields, self.user.fields

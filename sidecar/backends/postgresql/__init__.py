@@ -30,15 +30,32 @@ Layout (schema ``leader_sidecar``, created on first use when the role may, else 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.postgresql.client import PostgresStoreClient
-from sidecar.backends.postgresql.lease import PostgresLease, PostgresLeaseStore
 from sidecar.backends.postgresql.target import PostgresTarget, parse_target
 
 if TYPE_CHECKING:
+    from sidecar.backends.postgresql.client import PostgresStoreClient
+    from sidecar.backends.postgresql.lease import PostgresLease, PostgresLeaseStore
     from sidecar.config import Config
     from sidecar.supervisor import Supervisor
+
+# Imported when first used, not with the package: the driver (asyncpg) is an optional extra,
+# and ``postgresql-schema --help`` / ``--print`` and the --store check must work without it.
+_LAZY = {
+    "PostgresStoreClient": "sidecar.backends.postgresql.client",
+    "PostgresLease": "sidecar.backends.postgresql.lease",
+    "PostgresLeaseStore": "sidecar.backends.postgresql.lease",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PostgresLease",
@@ -56,6 +73,8 @@ def open_postgresql_client(
 ) -> PostgresStoreClient:
     """The client for ``--store postgresql://…``, shared by every lease of the sidecar; its
     LISTEN session runs under ``supervisor``."""
+    from sidecar.backends.postgresql.client import PostgresStoreClient
+
     return PostgresStoreClient(
         parse_target(config.store),
         request_timeout=config.timing.request_timeout,
@@ -66,6 +85,8 @@ def open_postgresql_client(
 
 def open_postgresql_store(config: Config) -> PostgresLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
+    from sidecar.backends.postgresql.lease import PostgresLeaseStore
+
     return PostgresLeaseStore(
         parse_target(config.store),
         config.lease,

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Create (or complete) the leader_sidecar schema in a PostgreSQL database and grant a "
             "role the least privileges the sidecar needs. Run it once as a role that may "
             "create schemas (the schema's owner); the sidecar itself then needs no CREATE "
-            "privilege. Safe to run again."
+            "privilege. Safe to run again. Connecting needs the PostgreSQL driver: "
+            "pip install 'leader-sidecar[postgresql]'."
         ),
     )
     parser.add_argument(
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--print",
         dest="print_sql",
         action="store_true",
-        help="print the SQL instead of running it (no connection)",
+        help="print the SQL instead of running it (no connection, no driver needed)",
     )
     return parser
 
@@ -118,6 +119,7 @@ def main(argv: Sequence[str]) -> int:
     except (ValueError, ConfigError) as exc:
         print(scrub(f"{PROG}: --store: {exc}"), file=sys.stderr)
         return 2
+    # (parse_store above has refused a missing driver, with the extra to install)
     try:
         done = asyncio.run(apply(url, args.grant, args.fence_role))
     except Exception as exc:  # asyncpg, the socket, TLS: one line, no traceback, no secret

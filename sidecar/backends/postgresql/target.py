@@ -32,6 +32,24 @@ WRITABLE_SESSION_ATTRS = ("read-write", "primary", "any")
 FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl", "passfile")
 
 
+DRIVER = "asyncpg"
+EXTRA = "postgresql"  # pyproject.toml's [project.optional-dependencies]
+INSTALL = f"pip install 'leader-sidecar[{EXTRA}]'"
+
+
+def missing_driver() -> str | None:
+    """Why the store's driver cannot be used (it is an optional extra: a plain ``pip install
+    .`` has none), as the fix to type; None once it imports. Imports it: the store is about
+    to, and only a real import proves it works (a half-installed package fails here too)."""
+    import importlib
+
+    try:
+        importlib.import_module(DRIVER)
+    except ImportError:
+        return f"the PostgreSQL store needs its driver, {DRIVER}, which is not installed: {INSTALL}"
+    return None
+
+
 def _bad(url: str, allowed: str) -> ConfigError:
     return ConfigError("--store", url, allowed)
 
