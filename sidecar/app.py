@@ -17,7 +17,7 @@ from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
-from sidecar.binding import AddressError
+from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config, ConfigError, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
@@ -230,6 +230,8 @@ class Sidecar:
                 raise ConfigError(
                     flag, where, f"must name an address of this host: {exc}"
                 ) from None
+            except OSError as exc:  # a port in use: one line naming the flag (cli)
+                raise ListenFailed(flag, where, exc) from None
             assert listener.bound is not None
             for address, reason in listener.bound.skipped:
                 log(

@@ -32,6 +32,29 @@ class AddressError(Exception):
     """The host name names nothing this host can listen on. ``str()`` says why."""
 
 
+class ListenFailed(Exception):
+    """A listener could not bind (a port in use, a port below 1024 without the privilege).
+    ``str()`` is the one line printed before exiting 1: the flag, the address and the fix."""
+
+    def __init__(self, flag: str, where: HostPort, error: OSError) -> None:
+        if error.errno == errno.EADDRINUSE:
+            why = (
+                "the port is in use (another leader-sidecar on this host? each copy needs its "
+                f"own --listen and --public-listen ports); stop that program or pick a free "
+                f"port with {flag}"
+            )
+        elif error.errno == errno.EACCES:
+            why = (
+                f"not allowed to listen there ({error.strerror}; ports below 1024 need "
+                f"privileges); pick a port above 1023 with {flag}"
+            )
+        else:
+            why = (
+                f"cannot listen there ({error.strerror or error}); pick another address with {flag}"
+            )
+        super().__init__(f"{flag}={where}: {why}")
+
+
 class Bound:
     """The sockets listening for one ``HOST:PORT``, and the addresses skipped."""
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import logs
+from sidecar.binding import ListenFailed
 from sidecar.config import Config, ConfigError, load
 from sidecar.redact import Scrubber, secret_values
 from sidecar.signals import Signals
@@ -41,8 +42,12 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
             await sidecar.stop()
             print(f"leader-sidecar: {scrub(str(exc))}", file=sys.stderr)
             return EXIT_CONFIG
-        except OSError as exc:
-            logs.log(logger, "error", "cannot listen", error=str(exc))
+        except ListenFailed as exc:  # a port in use: may come back, so 1, not 2
+            await sidecar.stop()
+            print(f"leader-sidecar: {scrub(str(exc))}", file=sys.stderr)
+            return 1
+        except OSError as exc:  # anything else the host refused at start
+            logs.log(logger, "error", "cannot start", error=str(exc))
             await sidecar.stop()
             return 1
         stopping = asyncio.create_task(stop.wait())
