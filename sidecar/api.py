@@ -174,11 +174,17 @@ async def get_leases(request: web.Request) -> web.Response:
         "identity": leases.identity,
         "held": sum(1 for status in statuses if status.leader),
         "leases": [status.to_json() for status in statuses],
-        "candidates": leases.candidates(),
+        "candidates": await _candidates(leases),
     }
     return web.json_response(
         body, headers={"ETag": _set_etag(statuses), "Cache-Control": "no-store"}
     )
+
+
+async def _candidates(leases: LeaseSet) -> list[dict[str, object]]:
+    """As the store's records show them, the same on every replica (`LeaseSet.candidates`)."""
+    await leases.read_candidates()
+    return leases.candidates()
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:
@@ -308,7 +314,10 @@ async def post_transfer(request: web.Request) -> web.Response:
     try:
         handed, successor = await leases.transfer(body.get("lease"), to)
     except TransferRefused as exc:
-        return _error(409, str(exc))
+        refused = _error(409, str(exc))
+        if exc.retry_after is not None:  # a successor still starting: when to ask again
+            refused.headers["Retry-After"] = str(exc.retry_after)
+        return refused
     return web.json_response(
         {"transferred": handed, "successor": successor},
         headers={"Cache-Control": "no-store"},

@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import random
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from sidecar.backends.base import Candidate, RenewsMany, StoreClient
+from sidecar.backends.base import Candidate, RenewsMany, StoreClient, StoreError
 from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -67,8 +68,20 @@ def _rank(lease: str, identity: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+def _named(to: str, candidates: Iterable[Candidate]) -> list[str]:
+    """The identities ``to`` names: itself, else those of a pod name (identity less suffix)."""
+    identities = [c.identity for c in candidates]
+    exact = [identity for identity in identities if identity == to]
+    return exact or [identity for identity in identities if identity.startswith(to + "_")]
+
+
 class TransferRefused(Exception):
-    """The transfer cannot start; ``str()`` says why and what to do."""
+    """The transfer cannot start; ``str()`` says why and what to do. ``retry_after``: the
+    seconds after which the same request may succeed (a successor still starting), or None."""
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class LeaseSet:
@@ -110,6 +123,10 @@ class LeaseSet:
         # one lease, whose sidecar renews exactly as before batching.
         self.batching: Batching | None = None
         self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
+        # The group's records as last read for ``GET /leases`` (`read_candidates`): (when,
+        # records); one read at a time (made on the election's loop, on first use).
+        self._shown: tuple[float, list[Candidate]] | None = None
+        self._shown_lock: asyncio.Lock | None = None
 
     def _track(self, transition: Transition) -> None:
         """Every elector's transitions (one bound method for all, not a closure each)."""
@@ -273,21 +290,60 @@ class LeaseSet:
         return [name for name, elector in self.electors.items() if elector.is_leader()]
 
     def candidates(self) -> list[dict[str, object]]:
-        """The candidates as observed, for ``GET /leases`` and ``status``."""
+        """The candidates for ``GET /leases``, as the store's records show them: the same on
+        every replica (issue 32: a follower, which reads the group only when it needs to,
+        showed none, or an old copy). From the last `read_candidates` (else this replica's
+        view). ``live`` is judged as ``status`` judges it, from the store's beat stamps —
+        for people; a hand-over judges by versions seen changing (`CandidateView`)."""
         if self.beat is None:
             return []
-        now = self._clock.now()
-        live = {c.identity for c in self.beat.view.live(now)}
+        records = self._shown[1] if self._shown is not None else self.beat.view.all()
+        wall = self._clock.wall()
+        alive_for = self.beat.view.alive_for
         return [
             {
                 "identity": c.identity,
-                "live": c.identity in live,
+                "live": not c.leaving
+                and c.beat_at is not None
+                and (wall - c.beat_at).total_seconds() < alive_for,
                 "revision": c.revision or None,
                 "priority": c.priority,
                 "leaving": c.leaving,
             }
-            for c in self.beat.view.all()
+            for c in records
         ]
+
+    async def read_candidates(self) -> None:
+        """Read the group's records for `candidates`, at most once a beat interval however
+        often ``GET /leases`` is asked (a flood on the public listener costs the store one
+        read a beat), one read at a time; not while the store refuses
+        (the sidecar's probe waits for it). A read that fails leaves the last one shown."""
+        await on_loop(self._loop, self._read_candidates())
+
+    async def _read_candidates(self) -> None:
+        beat = self.beat
+        if beat is None:
+            return
+        self._shown_lock = self._shown_lock or asyncio.Lock()
+        async with self._shown_lock:  # the requests behind the first find its read fresh
+            if self.probe is not None and self.probe.refusing:
+                return
+            if self._shown is not None and self._clock.now() - self._shown[0] < beat.interval:
+                return
+            await self._read_shown(beat)
+
+    async def _read_shown(self, beat: CandidateBeat) -> None:
+        count = self.primary.metrics.store_request
+        started = self._clock.now()
+        try:
+            async with asyncio.timeout(self.primary.timing.request_timeout):
+                records = await beat.registry.list()
+        except (StoreError, TimeoutError) as exc:
+            outcome = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
+            count("candidate_list", outcome, self._clock.now() - started)
+            return
+        count("candidate_list", "ok", self._clock.now() - started)
+        self._shown = (self._clock.now(), [r for r in records if r.unreadable is None])
 
     # -- running --------------------------------------------------------------------------
 
@@ -517,13 +573,27 @@ class LeaseSet:
                 return None
             assert self.beat is not None  # there are live others only with candidates
             return max(others, key=successor_order(self.beat.view.me)).identity
-        matches = [c.identity for c in others if c.identity == to]
-        matches = matches or [c.identity for c in others if c.identity.startswith(to + "_")]
+        matches = _named(to, others)
         if len(matches) != 1:
             names = ", ".join(c.identity for c in others) or "none"
+            if not matches and self._starting(to):
+                assert self.beat is not None  # (a pending candidate is one of the view's)
+                wait = max(1, math.ceil(self.beat.interval))
+                raise TransferRefused(
+                    f"{to} is starting: seen beating once, it is a successor once seen beating "
+                    f"again, within one beat; retry in {wait} s. Live candidates: {names}",
+                    retry_after=wait,
+                )
             what = "matches several" if matches else "is not a live candidate"
             raise TransferRefused(f"{to} {what}; live candidates: {names}")
         return matches[0]
+
+    def _starting(self, to: str) -> bool:
+        """``to`` names a candidate seen with one version only (`CandidateView.pending`): a
+        replica that has just started, most likely."""
+        if self.beat is None:
+            return False
+        return len(_named(to, self.beat.view.pending(self._clock.now()))) == 1
 
     async def transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
         """Hand ``lease`` (None: every lease this replica holds) to ``to``: demote, then
@@ -548,7 +618,17 @@ class LeaseSet:
             if elector is None:
                 raise TransferRefused("this sidecar has no such lease; GET /leases lists them")
             lease = elector.lease
-        successor = self.resolve(to)
+        try:
+            successor = self.resolve(to)
+        except TransferRefused:
+            if not self._starting(to):
+                raise
+            # A replica seen with one beat becomes a successor once seen beating again; it
+            # beats twice as it starts (`prime`, then at once in `run`), so one read now
+            # usually finds it live (issue 32: 409s for ~0.9 s after it answered /leader).
+            assert self.beat is not None
+            await self.beat.refresh(self.primary.timing.request_timeout)
+            successor = self.resolve(to)
         names = [lease] if lease is not None else self.held()
         names = [name for name in names if self.electors[name].is_leader()]
         if not names:
