@@ -178,11 +178,21 @@ class _Families:
             buckets=gap_buckets(lease_duration),
             registry=registry,
         )
-        each_lease(
-            "seconds_since_renewal",
-            "While leading: seconds since the last successful renewal was sent; 0 otherwise",
-            "seconds_since_renewal",
+        since_renewal = (
+            "While leading: seconds since the last successful renewal was sent; 0 otherwise"
         )
+        each_lease("since_renewal_seconds", since_renewal, "seconds_since_renewal")
+        # The name before issue 32 (the unit first, against Prometheus's naming), kept for one
+        # release so that alerts and dashboards written for it keep working while they move;
+        # with the per-lease detail only, as client-go's name: at 1,000 shards it would add
+        # 1,000 series to a budget of 5,000 (docs/operations.md#renamed-metrics).
+        if per_lease:
+            each_lease(
+                "seconds_since_renewal",
+                f"Deprecated, removed in the next release: {PREFIX}since_renewal_seconds. "
+                + since_renewal,
+                "seconds_since_renewal",
+            )
         each_lease(
             "renewal_gap_over_half_lease",
             "Renewal gaps (finished or still growing) longer than half the lease",

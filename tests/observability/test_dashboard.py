@@ -113,7 +113,7 @@ def test_the_dashboard_shows_what_the_issue_promises() -> None:
         "leader_sidecar_is_leader",
         "leader_sidecar_term",
         "leader_sidecar_renewal_gap_seconds_bucket",
-        "leader_sidecar_seconds_since_renewal",
+        "leader_sidecar_since_renewal_seconds",
         "leader_sidecar_transitions_total",
         "leader_sidecar_demotions_total",
         "leader_sidecar_store_request_duration_seconds_bucket",
