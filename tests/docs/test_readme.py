@@ -64,3 +64,57 @@ def test_the_readme_links_every_manual_in_docs() -> None:
     targets = {target.partition("#")[0] for _, target in links(README.read_text())}
     for page in (REPO / "docs").glob("*.md"):
         assert f"docs/{page.name}" in targets, f"README.md does not link docs/{page.name}"
+
+
+def readme_flags() -> set[str]:
+    """The flags named in the first column of the Configuration table, ``--etcd-{ca,cert}-file``
+    expanded as a shell would."""
+    flags: set[str] = set()
+    for line in section(README.read_text(), "Configuration").splitlines():
+        if not line.startswith("| `--"):
+            continue
+        for token in re.findall(r"--[a-z0-9{},-]+", line.split("|")[1]):
+            braces = re.search(r"\{([^}]*)\}", token)
+            if braces is None:
+                flags.add(token)
+                continue
+            for part in braces.group(1).split(","):
+                flags.add(token[: braces.start()] + part + token[braces.end() :])
+    return flags
+
+
+def test_the_configuration_table_names_exactly_the_flags_the_sidecar_takes() -> None:
+    """The table is the options table (sidecar/config.py OPTIONS), kept in step by this test:
+    ``--max-long-polls-per-peer`` was in ``--help`` and missing here (issue 32)."""
+    from sidecar.config import OPTIONS
+
+    options = {option.flag for option in OPTIONS}
+    table = readme_flags()
+    assert sorted(options - table) == [], "flags missing from README.md's Configuration table"
+    assert sorted(table - options) == [], "README.md's Configuration table names no such flag"
+
+
+def test_the_quick_start_names_the_venv_step_and_what_the_public_port_serves() -> None:
+    text = section(README.read_text(), "Quick start")
+    first_block = re.search(r"```sh\n(.*?)\n```", text, re.S)
+    assert first_block is not None
+    commands = first_block.group(1).splitlines()
+    assert commands[0].startswith("python3 -m venv ")
+    assert commands[1] == "pip install . && leader-sidecar"
+    prose = " ".join(text.split())
+    assert "`0.0.0.0:4041` (`--public-listen`)" in prose.replace("**", "")
+    assert "serves `/leader`, `/metrics` and the probes" in prose
+
+
+def test_the_three_copies_show_what_a_newcomer_will_see() -> None:
+    """A follower's answer, and how long each way of stopping the leader takes."""
+    text = section(README.read_text(), "Quick start")
+    assert '$ curl -s 127.0.0.1:4050/leader\n{"leader": false, ' in text
+    assert '"holder": "vm_61bf7a33", "term": 1' in text  # the first copy, from the first answer
+    prose = " ".join(text.split())
+    assert re.search(
+        r"`kill -9` the leader: .* one lease after the dead leader's last renewal "
+        r"\(15 s by default; 15\.\d+ s when we tried\)",
+        prose,
+    )
+    assert re.search(r"`kill -TERM` it instead: another copy leads \d+\u2013\d+ ms later", prose)
