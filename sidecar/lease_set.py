@@ -123,9 +123,11 @@ class LeaseSet:
         # one lease, whose sidecar renews exactly as before batching.
         self.batching: Batching | None = None
         self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
-        # The group's records as last read for ``GET /leases`` (`read_candidates`): (when,
-        # records); one read at a time (made on the election's loop, on first use).
-        self._shown: tuple[float, list[Candidate]] | None = None
+        # The group's records as last read for ``GET /leases`` (`read_candidates`), when the
+        # last read was tried (answered or not), and one read at a time (made on the
+        # election's loop, on first use).
+        self._shown: list[Candidate] | None = None
+        self._shown_tried = float("-inf")
         self._shown_lock: asyncio.Lock | None = None
 
     def _track(self, transition: Transition) -> None:
@@ -297,7 +299,7 @@ class LeaseSet:
         for people; a hand-over judges by versions seen changing (`CandidateView`)."""
         if self.beat is None:
             return []
-        records = self._shown[1] if self._shown is not None else self.beat.view.all()
+        records = self._shown if self._shown is not None else self.beat.view.all()
         wall = self._clock.wall()
         alive_for = self.beat.view.alive_for
         return [
@@ -315,9 +317,10 @@ class LeaseSet:
 
     async def read_candidates(self) -> None:
         """Read the group's records for `candidates`, at most once a beat interval however
-        often ``GET /leases`` is asked (a flood on the public listener costs the store one
-        read a beat), one read at a time; not while the store refuses
-        (the sidecar's probe waits for it). A read that fails leaves the last one shown."""
+        often ``GET /leases`` is asked — answered or not: a flood on the public listener
+        costs the store one read a beat, also while it is slow —, one read at a time; none
+        while the store refuses (the sidecar's probe waits for it). A read that fails leaves
+        the last records shown."""
         await on_loop(self._loop, self._read_candidates())
 
     async def _read_candidates(self) -> None:
@@ -328,8 +331,9 @@ class LeaseSet:
         async with self._shown_lock:  # the requests behind the first find its read fresh
             if self.probe is not None and self.probe.refusing:
                 return
-            if self._shown is not None and self._clock.now() - self._shown[0] < beat.interval:
+            if self._clock.now() - self._shown_tried < beat.interval:
                 return
+            self._shown_tried = self._clock.now()
             await self._read_shown(beat)
 
     async def _read_shown(self, beat: CandidateBeat) -> None:
@@ -343,7 +347,7 @@ class LeaseSet:
             count("candidate_list", outcome, self._clock.now() - started)
             return
         count("candidate_list", "ok", self._clock.now() - started)
-        self._shown = (self._clock.now(), [r for r in records if r.unreadable is None])
+        self._shown = [r for r in records if r.unreadable is None]
 
     # -- running --------------------------------------------------------------------------
 

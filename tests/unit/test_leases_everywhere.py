@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
-from sidecar.backends.base import Candidate
+from sidecar.backends.base import Candidate, StoreUnavailable
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.clock import SYSTEM_CLOCK
 from sidecar.config import Timing
@@ -138,6 +138,29 @@ async def test_a_flood_of_leases_requests_reads_the_store_once_a_beat(
         bodies = [await answer.json() for answer in answers]
     assert reads() == 1
     assert all(len(body["candidates"]) == 2 for body in bodies)
+
+
+async def test_a_flood_while_the_store_does_not_answer_still_reads_once_a_beat(
+    replicas: Replicas,
+) -> None:
+    """A read that fails counts as the beat's read: the requests behind it do not each try
+    again (serially, each up to a request timeout)."""
+    a = await replicas.start("a")
+    await until(lambda: a.held() == ["default"], 2, "a leads")
+    b = await replicas.start("b")
+    assert b.beat is not None
+    reads = 0
+
+    async def refused() -> list[Candidate]:
+        nonlocal reads
+        reads += 1
+        raise StoreUnavailable("down for the test")
+
+    b.beat.registry.list = refused  # type: ignore[method-assign]
+    async with await client_for(create_local_app(b)) as client:
+        answers = await asyncio.gather(*(client.get("/leases") for _ in range(50)))
+        assert [answer.status for answer in answers] == [200] * 50
+    assert reads == 1
 
 
 async def test_a_replica_just_started_is_a_transfer_target_within_one_beat(
