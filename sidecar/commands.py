@@ -29,7 +29,7 @@ from typing import Any
 from sidecar import bounded_json
 from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError
 from sidecar.config import OPTIONS, Config, ConfigError, Option, Parser, add_options, load
-from sidecar.redact import terminal_text
+from sidecar.redact import redact_url, terminal_text
 from sidecar.release_guard import RELEASE_HEADER
 
 READ_CONCURRENCY = 32  # store reads in flight at once for a status of many leases
@@ -278,7 +278,7 @@ def transfer_main(argv: Sequence[str]) -> int:
     to, lease, url = parsed.to, parsed.lease, parsed.url
     unusable = _unusable_url(url)
     if unusable:
-        print(f"leader-sidecar transfer: --url={_shown(url.encode())}: {unusable}", file=sys.stderr)
+        print(f"leader-sidecar transfer: --url={_url_shown(url)}: {unusable}", file=sys.stderr)
         return 2
     body = {"to": to, **({"lease": lease} if lease else {})}
     request = urllib.request.Request(
@@ -327,9 +327,18 @@ def _unusable_url(url: str) -> str | None:
     if "://" not in url:
         return (
             "http:// is missing; give the sidecar's --listen as a URL, "
-            f"e.g. http://{_shown(url.encode())}"
+            f"e.g. http://{_url_shown(url)}"
         )
     return "must be an http:// URL of the sidecar's --listen, e.g. http://127.0.0.1:4040"
+
+
+def _url_shown(url: str) -> str:
+    """``url`` for the one-line error: a password in it hidden (also without a scheme, where
+    ``user:password@host`` would otherwise print as it is), escaped, cut short."""
+    text = redact_url(url if "://" in url else "http://" + url)
+    if "://" not in url:
+        text = text.removeprefix("http://")
+    return _shown(text.encode("utf-8", "surrogateescape"))
 
 
 def _opener(url: str) -> urllib.request.OpenerDirector:

@@ -71,3 +71,11 @@ def test_transfer_names_what_is_wrong_with_its_url_before_sending_anything(
     assert wanted in lines[0]
     assert "\x1b" not in result.stderr
     assert "unknown url type" not in result.stderr
+
+
+@pytest.mark.parametrize("url", ["user:s3cret@127.0.0.1:4060", "ftp://user:s3cret@127.0.0.1"])
+def test_transfer_never_prints_a_password_in_a_url_it_refuses(url: str) -> None:
+    result = run_cli("transfer", "--url", url)
+    assert result.returncode == 2
+    assert "s3cret" not in result.stderr
+    assert "user:***@127.0.0.1" in result.stderr

@@ -69,3 +69,8 @@ def test_the_sidecar_stops_at_start_with_one_line_and_exit_2() -> None:
         "leader-sidecar: --store=sqlite:////proc/x.db: /proc is a kernel filesystem, not a "
         "place for a database; pick a path on disk"
     ]
+
+
+def test_a_loop_of_links_is_refused_not_followed_for_ever(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert "a loop of symbolic links?" in refusal(f"sqlite:///{tmp_path}/loop/x.db")

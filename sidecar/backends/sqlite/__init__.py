@@ -42,7 +42,10 @@ def never_works(path: str) -> str | None:
     back (a locked file, a full disk) is not judged here: that is retried, with ``/readyz``
     503 and the reason. Reads 16 bytes at most, and only from a regular file."""
     where = Path(path).absolute()
-    resolved = where.resolve()
+    try:
+        resolved = where.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a loop of symbolic links (Python 3.11)
+        return f"{where} cannot be resolved (a loop of symbolic links?); pick another path"
     for kernel in KERNEL_FILESYSTEMS:
         if resolved == kernel or kernel in resolved.parents:
             return (
