@@ -176,7 +176,8 @@ _STATUS_EPILOG = """\
 Every flag above can also be set as LEADER_SIDECAR_<FLAG>, as for the sidecar itself, so in
 a sidecar's container `leader-sidecar status` alone reads that sidecar's store and leases.
 
-exit status: 0 printed, 1 the store did not answer, 2 bad usage or configuration.
+exit status: 0 printed, 1 the store did not answer or is not there, 2 bad usage or
+configuration.
 """
 _TRANSFER_EPILOG = """\
 The sidecar demotes, then hands each lease to the successor in one store write; the answer

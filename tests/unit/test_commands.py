@@ -31,7 +31,7 @@ def test_status_help_is_its_own() -> None:
     for flag in ("--store URL", "--lease NAME", "--shards N", "--group NAME", "--namespace NS"):
         assert flag in out
     assert "[env LEADER_SIDECAR_STORE]" in out
-    assert "exit status: 0 printed, 1 the store did not answer, 2 bad usage" in out
+    assert "exit status: 0 printed, 1 the store did not answer or is not there, 2 bad" in out
     for flag in SERVER_ONLY:
         assert f"{flag} " not in out, flag
 
