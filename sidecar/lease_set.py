@@ -594,10 +594,28 @@ class LeaseSet:
 
     def _starting(self, to: str) -> bool:
         """``to`` names a candidate seen with one version only (`CandidateView.pending`): a
-        replica that has just started, most likely."""
+        replica that has just started, most likely. For ``any``: there is one."""
         if self.beat is None:
             return False
-        return len(_named(to, self.beat.view.pending(self._clock.now()))) == 1
+        pending = self.beat.view.pending(self._clock.now())
+        return bool(pending) if to == "any" else len(_named(to, pending)) == 1
+
+    async def _resolve_fresh(self, to: str) -> str | None:
+        """`resolve`, reading the group once more first where ``to`` would be a replica seen
+        beating once: it becomes a successor once seen beating again, and it beats twice as
+        it starts (`prime`, then at once in `run`), so one read usually finds it live
+        (issue 32: 409s for ~0.9 s after it answered ``/leader``, and ``any`` found nobody)."""
+        try:
+            successor = self.resolve(to)
+        except TransferRefused:
+            if not self._starting(to):
+                raise
+        else:
+            if successor is not None or not self._starting(to):
+                return successor
+        assert self.beat is not None  # (a pending candidate is one of the view's)
+        await self.beat.refresh(self.primary.timing.request_timeout)
+        return self.resolve(to)
 
     async def transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
         """Hand ``lease`` (None: every lease this replica holds) to ``to``: demote, then
@@ -622,17 +640,7 @@ class LeaseSet:
             if elector is None:
                 raise TransferRefused("this sidecar has no such lease; GET /leases lists them")
             lease = elector.lease
-        try:
-            successor = self.resolve(to)
-        except TransferRefused:
-            if not self._starting(to):
-                raise
-            # A replica seen with one beat becomes a successor once seen beating again; it
-            # beats twice as it starts (`prime`, then at once in `run`), so one read now
-            # usually finds it live (issue 32: 409s for ~0.9 s after it answered /leader).
-            assert self.beat is not None
-            await self.beat.refresh(self.primary.timing.request_timeout)
-            successor = self.resolve(to)
+        successor = await self._resolve_fresh(to)
         names = [lease] if lease is not None else self.held()
         names = [name for name in names if self.electors[name].is_leader()]
         if not names:

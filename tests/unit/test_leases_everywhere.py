@@ -193,3 +193,22 @@ async def test_a_replica_just_started_is_a_transfer_target_within_one_beat(
         assert await done.json() == {"transferred": ["default"], "successor": "b_0000"}
     await until(lambda: b.held() == ["default"], 2, "b leads")
     assert a.held() == []
+
+
+async def test_transfer_to_any_finds_a_replica_that_just_started(replicas: Replicas) -> None:
+    """Not "successor": null (a release to whoever comes first) because the only other
+    replica had been seen beating once."""
+    a = await replicas.start("a")
+    await until(lambda: a.held() == ["default"], 2, "a leads")
+    b = await replicas.start("b", run=False)
+    await until(lambda: pending(a) == ["b_0000"], 2, "a has seen b's first beat")
+    records = replicas.server.groups["default"]
+    first = records["b_0000"].version
+    replicas.run(b)
+    await until(lambda: records["b_0000"].version != first, 2, "b beats again")
+    assert pending(a) == ["b_0000"]
+    async with await client_for(create_local_app(a)) as client:
+        done = await client.post("/leader/transfer", json={"to": "any"})
+        assert done.status == 200, await done.text()
+        assert await done.json() == {"transferred": ["default"], "successor": "b_0000"}
+    await until(lambda: b.held() == ["default"], 2, "b leads")
