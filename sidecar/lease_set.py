@@ -602,9 +602,11 @@ class LeaseSet:
 
     async def _resolve_fresh(self, to: str) -> str | None:
         """`resolve`, reading the group once more first where ``to`` would be a replica seen
-        beating once: it becomes a successor once seen beating again, and it beats twice as
-        it starts (`prime`, then at once in `run`), so one read usually finds it live
-        (issue 32: 409s for ~0.9 s after it answered ``/leader``, and ``any`` found nobody)."""
+        beating once: it becomes a successor once seen beating again, and it may have beaten
+        since this replica's view was read (issue 32: 409s after it answered ``/leader``, and
+        ``any`` found nobody). Still seen once, it is one within a beat: `resolve` says so,
+        with when to retry. (A replica beats twice as it starts, `prime` then `run`, a few
+        ms apart: a view read after both saw one version, and waits for the third.)"""
         try:
             successor = self.resolve(to)
         except TransferRefused:
