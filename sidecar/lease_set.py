@@ -127,6 +127,7 @@ class LeaseSet:
         # last read was tried (answered or not), and one read at a time (made on the
         # election's loop, on first use).
         self._shown: list[Candidate] | None = None
+        self._shown_at = float("-inf")  # when they were read
         self._shown_tried = float("-inf")
         self._shown_lock: asyncio.Lock | None = None
 
@@ -292,28 +293,40 @@ class LeaseSet:
         return [name for name, elector in self.electors.items() if elector.is_leader()]
 
     def candidates(self) -> list[dict[str, object]]:
-        """The candidates for ``GET /leases``, as the store's records show them: the same on
-        every replica (issue 32: a follower, which reads the group only when it needs to,
-        showed none, or an old copy). From the last `read_candidates` (else this replica's
-        view). ``live`` is judged as ``status`` judges it, from the store's beat stamps —
-        for people; a hand-over judges by versions seen changing (`CandidateView`)."""
+        """The candidates for ``GET /leases`` (`shown_candidates`)."""
         if self.beat is None:
             return []
-        records = self._shown if self._shown is not None else self.beat.view.all()
-        wall = self._clock.wall()
-        alive_for = self.beat.view.alive_for
+        records, live = self.shown_candidates()
         return [
             {
                 "identity": c.identity,
-                "live": not c.leaving
-                and c.beat_at is not None
-                and (wall - c.beat_at).total_seconds() < alive_for,
+                "live": c.identity in live,
                 "revision": c.revision or None,
                 "priority": c.priority,
                 "leaving": c.leaving,
             }
             for c in records
         ]
+
+    def shown_candidates(self) -> tuple[list[Candidate], set[str]]:
+        """The candidate records to show, and which are live. After a `read_candidates` (what
+        ``GET /leases`` does first): the store's records, the same on every replica (issue 32:
+        a follower, which reads the group only when it needs to, showed none or an old copy),
+        live judged as ``status`` judges it, from the store's beat stamps. Else this replica's
+        view, live as it judges successors (versions seen changing, `CandidateView`)."""
+        assert self.beat is not None
+        now = self._clock.now()
+        if self._shown is not None and now - self._shown_at < 2 * self.beat.interval:
+            wall = self._clock.wall()
+            alive_for = self.beat.view.alive_for
+            return self._shown, {
+                c.identity
+                for c in self._shown
+                if not c.leaving
+                and c.beat_at is not None
+                and (wall - c.beat_at).total_seconds() < alive_for
+            }
+        return self.beat.view.all(), {c.identity for c in self.beat.view.live(now)}
 
     async def read_candidates(self) -> None:
         """Read the group's records for `candidates`, at most once a beat interval however
@@ -348,6 +361,7 @@ class LeaseSet:
             return
         count("candidate_list", "ok", self._clock.now() - started)
         self._shown = [r for r in records if r.unreadable is None]
+        self._shown_at = self._clock.now()
 
     # -- running --------------------------------------------------------------------------
 
