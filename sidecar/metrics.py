@@ -37,7 +37,9 @@ GAP_FRACTIONS: tuple[tuple[int, int], ...] = (
 # Store round trips: from a loopback SQLite commit to a cross-zone Kubernetes API call.
 STORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown")
+DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown", "app_down", "drain", "hold")
+HANDOVER_REASONS = ("app_down", "drain", "hold")  # moves made because of the app or an operator
+DRAIN_OUTCOMES = ("app_stopped", "released", "timeout")
 STORE_STEADY_OPS = ("acquire", "renew")  # what every replica sends all the time
 STORE_ALERT_OUTCOMES = ("ok", "timeout", "unavailable", "error")  # what the alerts divide
 ROLES = ("leader", "follower")
@@ -57,6 +59,8 @@ class ScrapedState(Protocol):
 
     def seconds_since_renewal(self) -> float: ...
 
+    def hold_shown(self) -> tuple[float, float] | None: ...
+
 
 class _NotBound:
     """Before `Metrics.bind`: not leading, no renewal."""
@@ -66,6 +70,9 @@ class _NotBound:
 
     def seconds_since_renewal(self) -> float:
         return 0.0
+
+    def hold_shown(self) -> tuple[float, float] | None:
+        return None
 
 
 _NOT_BOUND = _NotBound()
@@ -136,6 +143,11 @@ class _PerLease:
                 family.add_metric(labels, lease.value)
             elif kind == "seconds_since_renewal":
                 family.add_metric(labels, lease._source.seconds_since_renewal())
+            elif kind in ("hold_seconds", "hold_duration"):
+                # Only a lease on hold has these series: 1,000 shards pay nothing for them.
+                hold = lease._source.hold_shown()
+                if hold is not None:
+                    family.add_metric(labels, hold[0] if kind == "hold_seconds" else hold[1])
             else:
                 assert isinstance(family, CounterMetricFamily)
                 family.add_metric(labels, lease.gaps, created=lease.created if created else None)
@@ -182,6 +194,18 @@ class _Families:
             "seconds_since_renewal",
             "While leading: seconds since the last successful renewal was sent; 0 otherwise",
             "seconds_since_renewal",
+        )
+        each_lease(
+            "hold_seconds",
+            "Only for a lease on an operator's hold (leader-sidecar hold): seconds since this "
+            "replica first saw the hold",
+            "hold_seconds",
+        )
+        each_lease(
+            "hold_duration_seconds",
+            "Only for a lease on an operator's hold: how long the hold was set for (--for); "
+            "it ends by itself this long after each replica first saw it",
+            "hold_duration",
         )
         each_lease(
             "renewal_gap_over_half_lease",
@@ -334,6 +358,65 @@ class Metrics:
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         self._store_requests.labels(*self._grouped, op, outcome).inc()
         self._store_duration.labels(*self._grouped, op).observe(seconds)
+
+
+class AppMetrics:
+    """Leadership follows the app (`sidecar.app_check`): exported only when an app check is
+    configured, once per sidecar."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        app_up: Callable[[], bool],
+        alone_seconds: Callable[[], float],
+        outcomes: tuple[str, ...],
+    ) -> None:
+        Gauge(
+            PREFIX + "app_up",
+            "1 while the app beside this sidecar is up as its check says (--app-health-url, "
+            "--app-heartbeat)",
+            registry=registry,
+        ).set_function(lambda: 1.0 if app_up() else 0.0)
+        Gauge(
+            PREFIX + "app_down_leading_seconds",
+            "While this replica leads with its app down and no other replica's app is up: "
+            "for how long; 0 otherwise",
+            registry=registry,
+        ).set_function(alone_seconds)
+        self.checks = Counter(
+            PREFIX + "app_checks",
+            "App health checks by outcome (up, down, timeout, refused, redirect)",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in outcomes:
+            self.checks.labels(outcome)
+        self.handovers = Counter(
+            PREFIX + "handovers",
+            "Leases this replica stopped leading because of its app or an operator, by reason "
+            "(app_down, drain, hold)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in HANDOVER_REASONS:
+            self.handovers.labels(reason)
+        self.drains = Counter(
+            PREFIX + "drains",
+            "Drains on SIGTERM (503 while the app stops) by how they ended",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in DRAIN_OUTCOMES:
+            self.drains.labels(outcome)
+
+    def check(self, outcome: str) -> None:
+        self.checks.labels(outcome).inc()
+
+    def handover(self, reason: str) -> None:
+        self.handovers.labels(reason).inc()
+
+    def drain(self, outcome: str) -> None:
+        self.drains.labels(outcome).inc()
 
 
 def for_config(config: Config, registry: CollectorRegistry) -> Callable[[str], Metrics]:

@@ -60,13 +60,16 @@ _STOPPED = {
     ),
     "released": ("Normal", "released on request"),
     "shutdown": ("Normal", "released on shutdown"),
+    "app_down": ("Warning", "handed over: this pod's app is down"),
+    "drain": ("Normal", "handed over on shutdown once the app had stopped"),
+    "hold": ("Warning", "stopped by an operator's hold (leader-sidecar hold)"),
 }
 
 
 def pod_of(identity: str | None) -> str | None:
     """The pod name inside an identity ``<pod>_<suffix>``."""
-    if not identity or "_" not in identity:
-        return None
+    if not identity or "_" not in identity or "/" in identity:
+        return None  # (a loss marker or an operator's hold: no pod)
     return identity.rpartition("_")[0] or None
 
 
