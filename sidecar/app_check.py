@@ -212,6 +212,11 @@ class AppCheck:
             problem = problem or (
                 f"the app has not called the localhost API for {settings.heartbeat:g}s"
             )
+        self.become(up, problem)
+
+    def become(self, up: bool, problem: str | None = None) -> None:
+        """Take the verdict ``up`` (``problem``: why it is down), telling the listeners if it
+        changed."""
         if not up:
             self.last_problem = problem
         if up == self.up:

@@ -132,6 +132,8 @@ class LeaseSet:
         self.app = app
         self.count_handover = count_handover
         app.on_change(self._app_changed)
+        if self.beat is not None:
+            self.beat.app_is(app.up)  # the first beat says it: an app starts down
         for elector in self.electors.values():
             elector.on_transition(self._on_transition_for_app)
 
