@@ -19,6 +19,7 @@ from sidecar import bounded_json
 from sidecar.app_check import Heartbeat
 from sidecar.backends.base import is_hold
 from sidecar.changes import ChangeFeed
+from sidecar.clock import iso_utc
 from sidecar.config import duration_seconds
 from sidecar.elector import Elector, LeaderStatus
 from sidecar.lease_set import LeaseSet, TransferRefused
@@ -332,8 +333,9 @@ def pod_of_holder(holder: str | None, identity: str, pod_name: str) -> str:
 async def get_root(request: web.Request) -> web.Response:
     """``GET /``: the retired ``leader-elector`` sidecar's answer, ``{"name": "<the leader's pod
     name>"}``, so an app that compares ``name`` with its hostname keeps working when only the
-    image changes. The holder as last observed (a follower's view may be a moment old, as
-    leader-elector's was); "" when nobody holds the lease."""
+    image changes; nais/elector's ``last_update`` beside it (when the holder was granted the
+    lease, by the store's wall clock; absent when unknown). The holder as last observed (a
+    follower's view may be a moment old, as theirs was); "" when nobody holds the lease."""
     elector = _one_lease(request)
     if isinstance(elector, web.Response):
         return elector
@@ -342,7 +344,12 @@ async def get_root(request: web.Request) -> web.Response:
     name = pod_of_holder(status.holder, elector.identity, pod_name)
     if status.holder == elector.identity and not status.leader:
         name = ""  # draining or past the deadline: this pod must not act as the leader
-    return web.json_response({"name": name}, headers={"Cache-Control": "no-store"})
+    body: dict[str, str] = {"name": name}
+    record = elector.view.record
+    granted = iso_utc(record.acquired_at) if name and record is not None else None
+    if granted is not None:
+        body["last_update"] = granted
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 @web.middleware

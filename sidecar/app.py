@@ -96,6 +96,7 @@ class Sidecar:
                 lambda: self.app_check is not None and self.app_check.up,
                 lambda: leases.app_down_alone_seconds,
                 CHECK_OUTCOMES,
+                config.ref(config.candidate_group),
             )
             self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
             self.leases.use_app(self.app_check, self.app_metrics.handover)

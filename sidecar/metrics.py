@@ -362,7 +362,8 @@ class Metrics:
 
 class AppMetrics:
     """Leadership follows the app (`sidecar.app_check`): exported only when an app check is
-    configured, once per sidecar."""
+    configured, once per sidecar, labelled with its candidates' group (``lease_group``: the
+    first --lease, as users name it), so the alerts name what is not being done."""
 
     def __init__(
         self,
@@ -370,53 +371,58 @@ class AppMetrics:
         app_up: Callable[[], bool],
         alone_seconds: Callable[[], float],
         outcomes: tuple[str, ...],
+        group: str,
     ) -> None:
+        labels = ["lease_group"]
         Gauge(
             PREFIX + "app_up",
             "1 while the app beside this sidecar is up as its check says (--app-health-url, "
             "--app-heartbeat)",
+            labels,
             registry=registry,
-        ).set_function(lambda: 1.0 if app_up() else 0.0)
+        ).labels(group).set_function(lambda: 1.0 if app_up() else 0.0)
         Gauge(
             PREFIX + "app_down_leading_seconds",
             "While this replica leads with its app down and no other replica's app is up: "
             "for how long; 0 otherwise",
+            labels,
             registry=registry,
-        ).set_function(alone_seconds)
+        ).labels(group).set_function(alone_seconds)
         self.checks = Counter(
             PREFIX + "app_checks",
             "App health checks by outcome (up, down, timeout, refused, redirect)",
-            ["outcome"],
+            [*labels, "outcome"],
             registry=registry,
-        )
-        for outcome in outcomes:
-            self.checks.labels(outcome)
+        ).labels
         self.handovers = Counter(
             PREFIX + "handovers",
             "Leases this replica stopped leading because of its app or an operator, by reason "
             "(app_down, drain, hold)",
-            ["reason"],
+            [*labels, "reason"],
             registry=registry,
-        )
-        for reason in HANDOVER_REASONS:
-            self.handovers.labels(reason)
+        ).labels
         self.drains = Counter(
             PREFIX + "drains",
             "Drains on SIGTERM (503 while the app stops) by how they ended",
-            ["outcome"],
+            [*labels, "outcome"],
             registry=registry,
-        )
+        ).labels
+        self.group = group
+        for outcome in outcomes:  # zeros, so that increase() sees the first one
+            self.checks(group, outcome)
+        for reason in HANDOVER_REASONS:
+            self.handovers(group, reason)
         for outcome in DRAIN_OUTCOMES:
-            self.drains.labels(outcome)
+            self.drains(group, outcome)
 
     def check(self, outcome: str) -> None:
-        self.checks.labels(outcome).inc()
+        self.checks(self.group, outcome).inc()
 
     def handover(self, reason: str) -> None:
-        self.handovers.labels(reason).inc()
+        self.handovers(self.group, reason).inc()
 
     def drain(self, outcome: str) -> None:
-        self.drains.labels(outcome).inc()
+        self.drains(self.group, outcome).inc()
 
 
 def for_config(config: Config, registry: CollectorRegistry) -> Callable[[str], Metrics]:
