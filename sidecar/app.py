@@ -32,6 +32,7 @@ from sidecar.supervisor import Supervisor
 logger = logging.getLogger("sidecar")
 
 SHUTDOWN_BUDGET = 1.5  # SIGTERM → exit within 2 s, with room for the interpreter to exit
+APP_ALONE_EVENTS = 16  # Events at most when many leases are kept for an app that is down
 
 
 class Sidecar:
@@ -89,6 +90,7 @@ class Sidecar:
         # Leadership follows the app (`sidecar.app_check`), when a check is configured.
         self.app_check: AppCheck | None = None
         self.app_metrics: AppMetrics | None = None
+        self._app_alone_listener: Callable[[str, str | None], Awaitable[None]] | None = None
         if config.app.configured:
             leases = self.leases
             self.app_metrics = AppMetrics(
@@ -100,6 +102,9 @@ class Sidecar:
             )
             self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
             self.leases.use_app(self.app_check, self.app_metrics.handover)
+            self._app_alone_listener = self._store_app_alone_listener()
+            if self._app_alone_listener is not None:
+                self.leases.on_app_alone = self._on_app_alone
         self.elector = self.leases.primary  # the first lease: `GET /leader` when it is the only
         self.store = self.elector.store
         self.metrics = self.elector.metrics
@@ -135,6 +140,21 @@ class Sidecar:
             demotion_actions(config, self.store, refusing, stores),
             gap_alert_listener(config, self.store, refusing, stores),
         )
+
+    def _store_app_alone_listener(self) -> Callable[[str, str | None], Awaitable[None]] | None:
+        """On Kubernetes, an Event for a lease led with the app down and nobody to take it."""
+        if self.config.store != "kubernetes":
+            return None
+        from sidecar.backends.kubernetes import app_alone_listener
+
+        stores = {shown: elector.store for shown, elector in self.leases.electors.items()}
+        primary = self.leases.primary.store
+        return app_alone_listener(self.config, primary, self._store_refusing, stores)
+
+    def _on_app_alone(self, leases: list[str], why: str | None) -> None:
+        assert self._app_alone_listener is not None
+        for lease in leases[:APP_ALONE_EVENTS]:  # one Event per lease, a bounded number
+            self._spawn(self._app_alone_listener(lease, why), "app-alone-event")
 
     def _store_refusing(self) -> bool:
         """The sidecar's one store probe says the store refuses (`sidecar.probe`): what can

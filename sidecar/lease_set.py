@@ -117,6 +117,9 @@ class LeaseSet:
         self._app_alone_since: float | None = None  # leading with the app down, nobody to take it
         self.draining = False  # SIGTERM with an app check: 503, lease kept until the app stops
         self.count_handover: Callable[[str], None] = lambda reason: None
+        # Told once per episode of leading with the app down and nobody to hand over to: the
+        # leases kept, and why the app is down (the Kubernetes store records an Event).
+        self.on_app_alone: Callable[[list[str], str | None], None] = lambda leases, why: None
 
     def _track(self, transition: Transition) -> None:
         """Every elector's transitions (one bound method for all, not a closure each)."""
@@ -584,6 +587,7 @@ class LeaseSet:
             now = self._clock.now()
             if self._app_alone_since is None:
                 self._app_alone_since = now
+                self.on_app_alone(held, self.app.last_problem if self.app is not None else None)
                 log(
                     logger,
                     "warning",
