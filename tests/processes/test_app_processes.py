@@ -5,6 +5,7 @@ operator's `leader-sidecar hold` / `resume` run as commands."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -48,10 +49,8 @@ class Poller:
 
     def _run(self) -> None:
         while self.running.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 get(self.sidecar.leader_url)
-            except OSError:
-                pass
             time.sleep(0.1)
 
     def stop(self) -> None:
