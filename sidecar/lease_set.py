@@ -680,8 +680,19 @@ class LeaseSet:
         if len(matches) != 1:
             names = ", ".join(c.identity for c in others) or "none"
             what = "matches several" if matches else "is not a live candidate"
+            if not matches and self._app_down_candidate(to):
+                what = "has its app down (a replica whose app is down is never handed a lease)"
             raise TransferRefused(f"{to} {what}; live candidates: {names}")
         return matches[0]
+
+    def _app_down_candidate(self, to: str) -> bool:
+        """``to`` names a candidate (an identity or its pod name) whose app is down."""
+        if self.beat is None:
+            return False
+        return any(
+            c.app == "down" and (c.identity == to or c.identity.startswith(to + "_"))
+            for c in self.beat.view.all()
+        )
 
     async def transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
         """Hand ``lease`` (None: every lease this replica holds) to ``to``: demote, then

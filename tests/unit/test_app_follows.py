@@ -15,7 +15,7 @@ from sidecar.app_check import AppCheck, AppCheckSettings
 from sidecar.backends.memory import MemoryStoreClient
 from sidecar.elector import Role, Transition
 from sidecar.hold import hold, resume
-from sidecar.lease_set import LeaseSet
+from sidecar.lease_set import LeaseSet, TransferRefused
 from tests.unit.test_lease_set import TIMING, Cluster
 
 LEASE = TIMING.lease_duration
@@ -263,3 +263,14 @@ async def test_the_candidate_record_says_whether_the_app_is_up(cluster_of, app_u
     seen = {c.identity: c for c in await other.set.beat.registry.list()}
     assert seen["a_0000"].app == ("up" if app_up else "down")
     assert seen["a_0000"].leaving is (not app_up)
+
+
+async def test_a_transfer_to_a_replica_whose_app_is_down_is_refused_saying_so(cluster_of) -> None:
+    cluster = cluster_of(1)
+    a = await start(cluster, "a", app_up=True)
+    await cluster.until(lambda: a.leads, LEASE, "a leads")
+    await start(cluster, "b", app_up=False)
+    await asyncio.sleep(2 * TIMING.renew_interval)
+    with pytest.raises(TransferRefused, match="b has its app down"):
+        await a.set.transfer(None, "b")
+    assert a.leads
