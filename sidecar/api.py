@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -16,7 +16,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sidecar import bounded_json
+from sidecar.app_check import Heartbeat
+from sidecar.backends.base import is_hold
 from sidecar.changes import ChangeFeed
+from sidecar.clock import iso_utc
 from sidecar.config import duration_seconds
 from sidecar.elector import Elector, LeaderStatus
 from sidecar.lease_set import LeaseSet, TransferRefused
@@ -38,6 +41,8 @@ GONE = web.RequestKey("gone", asyncio.Event)
 """Set when the client's connection is lost (`sidecar.listener` puts it on every request it
 serves; absent elsewhere, e.g. under a test server)."""
 RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
+HEARTBEAT = web.AppKey("heartbeat", Heartbeat)
+POD_NAME: web.AppKey[str] = web.AppKey("pod_name")
 
 MAX_WAIT = 300.0  # longest long-poll; longer waits are cut to this
 SSE_KEEPALIVE = 15.0
@@ -324,6 +329,55 @@ async def post_transfer(request: web.Request) -> web.Response:
     )
 
 
+def pod_of_holder(holder: str | None, identity: str, pod_name: str) -> str:
+    """The pod name inside a holder's identity (``<pod>_<suffix>``): ours is ``pod_name``;
+    no holder, a loss marker or an operator's hold is no pod ("")."""
+    if holder is None or "/" in holder or is_hold(holder):
+        return ""
+    if holder == identity:
+        return pod_name
+    return holder.rpartition("_")[0] or holder
+
+
+async def get_root(request: web.Request) -> web.Response:
+    """``GET /``: the retired ``leader-elector`` sidecar's answer, ``{"name": "<the leader's pod
+    name>"}``, so an app that compares ``name`` with its hostname keeps working when only the
+    image changes; nais/elector's ``last_update`` beside it (when the holder was granted the
+    lease, by the store's wall clock; absent when unknown). The holder as last observed (a
+    follower's view may be a moment old, as theirs was); "" when nobody holds the lease."""
+    elector = _one_lease(request)
+    if isinstance(elector, web.Response):
+        return elector
+    status = elector.status()
+    pod_name = request.app[POD_NAME] or elector.identity.rpartition("_")[0]
+    name = pod_of_holder(status.holder, elector.identity, pod_name)
+    if status.holder == elector.identity and not status.leader:
+        name = ""  # draining or past the deadline: this pod must not act as the leader
+    body: dict[str, str] = {"name": name}
+    record = elector.view.record
+    granted = iso_utc(record.acquired_at) if name and record is not None else None
+    if granted is not None:
+        body["last_update"] = granted
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+
+@web.middleware
+async def _heartbeat(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every call of the app to the localhost API is its heartbeat (``--app-heartbeat``); a
+    long-poll or an event stream counts for as long as it is held open."""
+    heartbeat = request.app[HEARTBEAT]
+    held = request.path == "/events" or (
+        "wait" in request.query and "If-None-Match" in request.headers
+    )
+    heartbeat.begin(held)
+    try:
+        return await handler(request)
+    finally:
+        heartbeat.end(held)
+
+
 async def get_healthz(request: web.Request) -> web.Response:
     """Alive: this answer proves the listeners' loop runs; the election task must run too,
     and no background task may be down (waiting to be restarted after a failure: see
@@ -399,9 +453,19 @@ def create_local_app(
     limits: Limits = DEFAULT_LIMITS,
     scrub: Callable[[str], str] = _unchanged,
     supervisor: Supervisor | None = None,
+    *,
+    heartbeat: Heartbeat | None = None,
+    pod_name: str | None = None,
 ) -> web.Application:
-    """The localhost listener: the app's view, including ``POST /leader/release``."""
+    """The localhost listener: the app's view, including ``POST /leader/release``.
+    ``heartbeat``: stamped at every request (``--app-heartbeat``); never on the public
+    listener, which anyone in the cluster can reach."""
     app = _base_app(elector, limits, scrub, supervisor)
+    if heartbeat is not None:
+        app[HEARTBEAT] = heartbeat
+        app.middlewares.append(_heartbeat)
+    app[POD_NAME] = pod_name or ""
+    app.router.add_get("/", get_root)
     app.router.add_get("/leader", get_leader)
     app.router.add_get("/leader/{lease:.+}", get_named_leader)
     app.router.add_get("/leases", get_leases)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
+from sidecar.app_check import CHECK_OUTCOMES, AppCheck
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.binding import AddressError, ListenFailed
@@ -25,12 +26,13 @@ from sidecar.elector import Elector, GapAlert
 from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
-from sidecar.metrics import for_config
+from sidecar.metrics import AppMetrics, for_config
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar")
 
 SHUTDOWN_BUDGET = 1.5  # SIGTERM → exit within 2 s, with room for the interpreter to exit
+APP_ALONE_EVENTS = 16  # Events at most when many leases are kept for an app that is down
 
 
 class Sidecar:
@@ -85,6 +87,24 @@ class Sidecar:
                 clock=clock,
                 supervisor=self.supervisor,
             )
+        # Leadership follows the app (`sidecar.app_check`), when a check is configured.
+        self.app_check: AppCheck | None = None
+        self.app_metrics: AppMetrics | None = None
+        self._app_alone_listener: Callable[[str, str | None], Awaitable[None]] | None = None
+        if config.app.configured:
+            leases = self.leases
+            self.app_metrics = AppMetrics(
+                self.registry,
+                lambda: self.app_check is not None and self.app_check.up,
+                lambda: leases.app_down_alone_seconds,
+                CHECK_OUTCOMES,
+                config.ref(config.candidate_group),
+            )
+            self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
+            self.leases.use_app(self.app_check, self.app_metrics.handover)
+            self._app_alone_listener = self._store_app_alone_listener()
+            if self._app_alone_listener is not None:
+                self.leases.on_app_alone = self._on_app_alone
         self.elector = self.leases.primary  # the first lease: `GET /leader` when it is the only
         self.store = self.elector.store
         self.metrics = self.elector.metrics
@@ -120,6 +140,21 @@ class Sidecar:
             demotion_actions(config, self.store, refusing, stores),
             gap_alert_listener(config, self.store, refusing, stores),
         )
+
+    def _store_app_alone_listener(self) -> Callable[[str, str | None], Awaitable[None]] | None:
+        """On Kubernetes, an Event for a lease led with the app down and nobody to take it."""
+        if self.config.store != "kubernetes":
+            return None
+        from sidecar.backends.kubernetes import app_alone_listener
+
+        stores = {shown: elector.store for shown, elector in self.leases.electors.items()}
+        primary = self.leases.primary.store
+        return app_alone_listener(self.config, primary, self._store_refusing, stores)
+
+    def _on_app_alone(self, leases: list[str], why: str | None) -> None:
+        assert self._app_alone_listener is not None
+        for lease in leases[:APP_ALONE_EVENTS]:  # one Event per lease, a bounded number
+            self._spawn(self._app_alone_listener(lease, why), "app-alone-event")
 
     def _store_refusing(self) -> bool:
         """The sidecar's one store probe says the store refuses (`sidecar.probe`): what can
@@ -213,7 +248,16 @@ class Sidecar:
                 max_connections=limits.max_connections,
                 missing_files=shortfall,
             )
-        local = create_local_app(self.leases, limits, self.scrub, self.supervisor)
+        local = create_local_app(
+            self.leases,
+            limits,
+            self.scrub,
+            self.supervisor,
+            heartbeat=self.app_check.heartbeat
+            if self.app_check is not None and self.config.app.heartbeat is not None
+            else None,
+            pod_name=self.config.pod_name,
+        )
         public = create_public_app(
             self.leases, self.registry, self.health, limits, self.scrub, self.supervisor
         )
@@ -263,11 +307,14 @@ class Sidecar:
         await asyncio.wait([self._election])
 
     async def stop(self) -> None:
-        """Demote, release, let the demotion actions finish, close — within the budget."""
+        """Demote, release, let the demotion actions finish, close — within the budget. With
+        an app check, a leader first drains: 503 at once, the lease kept until its app has
+        stopped (at most ``--drain-timeout``), so that no new leader starts beside it."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + SHUTDOWN_BUDGET
         election = self._election
         log(logger, "info", "stopping", lease=self.config.lease_ref)
+        drained = await self._drain(election)
+        deadline = loop.time() + SHUTDOWN_BUDGET
         self.leases.stop()  # no new step starts; a step in flight finishes first (its lock)
         if election is not None and election.done() and not election.cancelled():
             crashed = election.exception()
@@ -308,4 +355,23 @@ class Sidecar:
                 await elector.store.close()
         if self.client is not None:
             await self.client.close()
+        if drained and self.app_metrics is not None:
+            for _ in range(drained):
+                self.app_metrics.handover("drain")
         log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)
+
+    async def _drain(self, election: asyncio.Task[None] | None) -> int:
+        """The drain of `stop`: how many leases were held when it ended (0: no drain)."""
+        if (
+            self.app_check is None
+            or self.config.drain_timeout <= 0
+            or election is None
+            or election.done()
+        ):
+            return 0
+        outcome = await self.leases.drain(self.config.drain_timeout)
+        if outcome == "none":
+            return 0
+        assert self.app_metrics is not None
+        self.app_metrics.drain(outcome)
+        return len(self.leases.held())

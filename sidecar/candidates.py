@@ -176,6 +176,7 @@ class CandidateBeat:
         self._needs_changed = asyncio.Event()  # `needs_list` may have changed (`wake_follow`)
         self._sent: dict[str, float] = {}  # our last versions, oldest first → when sent
         self._probe: StoreProbe | None = None
+        self._shutting_down = False  # `leaving`: for good, whatever the app does next
 
     def use_probe(self, probe: StoreProbe) -> None:
         """While the store refuses, beat only once ``probe`` finds it answering again (and
@@ -418,7 +419,19 @@ class CandidateBeat:
     def leaving(self) -> None:
         """From now on this replica is leaving: it hands itself no lease, and a beat still in
         flight writes the mark (the record is removed next, `remove`)."""
+        self._shutting_down = True
         self.view.me = dataclasses.replace(self.view.me, leaving=True)
+
+    def app_is(self, up: bool) -> None:
+        """The app beside this replica came up or went down (`sidecar.app_check`): say so at
+        once. An app that is down marks the record ``leaving`` too, so that no replica — of
+        this version or an older one — hands this replica a lease, counts it in a share or
+        picks it for ``transfer --to any``; the mark goes again when the app is back (unless
+        the replica is shutting down)."""
+        self.view.me = dataclasses.replace(
+            self.view.me, app="up" if up else "down", leaving=self._shutting_down or not up
+        )
+        self.wake()
 
     async def remove(self, timeout: float) -> None:
         try:

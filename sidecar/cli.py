@@ -70,10 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.backends.postgresql.command import main as postgresql_schema
 
         return postgresql_schema(args[1:])
-    if args and args[0] in ("status", "transfer"):
+    if args and args[0] in ("status", "transfer", "hold", "resume"):
         from sidecar import commands
 
-        run = commands.status_main if args[0] == "status" else commands.transfer_main
+        run = {
+            "status": commands.status_main,
+            "transfer": commands.transfer_main,
+            "hold": commands.hold_main,
+            "resume": commands.resume_main,
+        }[args[0]]
         return run(args[1:])
     try:
         config = load(args)

@@ -23,12 +23,23 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sidecar import bounded_json
-from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError
-from sidecar.config import OPTIONS, Config, ConfigError, Option, Parser, add_options, load
+from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError, is_hold
+from sidecar.backends.records import MAX_LEASE_SECONDS
+from sidecar.config import (
+    OPTIONS,
+    Config,
+    ConfigError,
+    Option,
+    Parser,
+    add_options,
+    load,
+    parse_duration,
+)
+from sidecar.hold import DEFAULT_HOLD, HoldRefused, default_who, hold, parse_hold, resume
 from sidecar.redact import redact_url, terminal_text
 from sidecar.release_guard import RELEASE_HEADER
 
@@ -46,6 +57,8 @@ def _state(record: LeaseRecord | None) -> str:
         return "none"
     if record.unreadable is not None:
         return "unreadable"  # a record of unknown holder: waited out, then taken over
+    if is_hold(record.holder):
+        return "on hold"  # an operator's hold: nobody leads until resume or its end
     if record.holder is not None:
         return "held"
     if record.released:
@@ -62,6 +75,24 @@ def lease_row(name: str, record: LeaseRecord | None, now: datetime) -> dict[str,
         "lease_duration_seconds": record.duration if record else None,
         "seconds_since_renewal": _age(record.renewed_at, now) if record else None,
         "problem": (record.unreadable or record.ignored) if record else None,
+        "hold": hold_of(record),
+    }
+
+
+def hold_of(record: LeaseRecord | None) -> dict[str, Any] | None:
+    """An operator's hold as ``status`` shows it: who set it, why, and until when (by the
+    store's wall clock, for humans: each sidecar times the hold from when it saw it)."""
+    if record is None or not is_hold(record.holder):
+        return None
+    assert record.holder is not None
+    who, reason = parse_hold(record.holder)
+    start = record.acquired_at or record.renewed_at
+    until = start + timedelta(seconds=record.duration) if start is not None else None
+    return {
+        "by": who,
+        "reason": reason,
+        "until": until.isoformat().replace("+00:00", "Z") if until is not None else None,
+        "duration_seconds": record.duration,
     }
 
 
@@ -72,6 +103,7 @@ def candidate_row(candidate: Candidate, now: datetime, lease: float) -> dict[str
         "revision": candidate.revision or None,
         "priority": candidate.priority,
         "leaving": candidate.leaving,
+        "app": candidate.app or None,
         "seconds_since_beat": age,
         # By the store's wall clock: a hint for humans; the sidecars judge liveness by versions.
         "stale": age is None or age > lease,
@@ -138,14 +170,22 @@ def render_table(status: dict[str, Any]) -> str:
             for row in status["leases"]
         ],
     )
+    for row in status["leases"]:
+        hold = row.get("hold")
+        if hold is not None:
+            out.append(
+                f"lease {text(row['lease'])} is on hold by {text(hold['by'])} until "
+                f"{text(hold['until'])}: {text(hold['reason'])} (leader-sidecar resume ends it)"
+            )
     out.append("")
     if status["candidates"]:
         out += table(
-            ["CANDIDATE", "HOLDS", "REVISION", "PRIORITY", "BEAT (s ago)", "NOTE"],
+            ["CANDIDATE", "HOLDS", "APP", "REVISION", "PRIORITY", "BEAT (s ago)", "NOTE"],
             [
                 [
                     text(c["identity"]),
                     str(c["holds"]),
+                    text(c["app"]),
                     text(c["revision"]),
                     str(c["priority"]),
                     text(c["seconds_since_beat"]),
@@ -162,6 +202,8 @@ def render_table(status: dict[str, Any]) -> str:
 def _note(candidate: dict[str, Any]) -> str:
     if candidate["unreadable"]:
         return f"unreadable: {candidate['unreadable']}"
+    if candidate["leaving"] and candidate.get("app") == "down":
+        return "app down: never handed a lease"
     return "leaving" if candidate["leaving"] else ("stale" if candidate["stale"] else "")
 
 
@@ -272,6 +314,141 @@ def status_main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(render_table(status))
     return 0
+
+
+_HOLD_EPILOG = """\
+A hold is a grant like any other, to no replica: the leader stops at once (its later writes
+carry an older term and are fenced), and nobody leads until `leader-sidecar resume`, or
+until each replica has seen the hold for --for (so a forgotten hold ends by itself).
+`leader-sidecar status` shows who set it, why and until when. Needs write access to the store.
+
+exit status: 0 held, 1 the store did not answer or the hold could not be written, 2 bad usage.
+"""
+_RESUME_EPILOG = """\
+Releases the hold: a replica whose app is up takes the lease at once.
+
+exit status: 0 resumed (or not on hold), 1 the store did not answer, 2 bad usage.
+"""
+
+
+def hold_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="leader-sidecar hold",
+        description="Stop the job fleet-wide: every sidecar of the lease(s) answers 503 and "
+        "nobody\ntakes the lease until `leader-sidecar resume` or --for passes.",
+        epilog=_HOLD_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--for",
+        dest="hold_for",
+        metavar="DURATION",
+        default=None,
+        help="how long the hold lasts at most, as each replica sees it (default 1h, at most 24h)",
+    )
+    parser.add_argument(
+        "--reason", metavar="TEXT", default="", help="why, shown by status and in the logs"
+    )
+    add_options(parser, status_options())
+    return parser
+
+
+def resume_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="leader-sidecar resume",
+        description="End a hold set by `leader-sidecar hold`.",
+        epilog=_RESUME_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(parser, status_options())
+    return parser
+
+
+def _store_config(prog: str, parsed: dict[str, Any]) -> Config | None:
+    """The store and leases from the status flags (and their variables); None after a
+    one-line error on stderr."""
+    flags = [
+        item
+        for option in status_options()
+        if parsed[option.dest] is not None
+        for item in (option.flag, parsed[option.dest])
+    ]
+    try:
+        return load(flags)
+    except ConfigError as exc:
+        print(f"leader-sidecar {prog}: {terminal_text(exc)}", file=sys.stderr)
+        return None
+
+
+def hold_main(argv: Sequence[str]) -> int:
+    parsed = vars(hold_parser().parse_args(argv))
+    duration = DEFAULT_HOLD
+    if parsed["hold_for"] is not None:
+        try:
+            duration = parse_duration(parsed["hold_for"])
+        except ValueError as exc:
+            print(f"leader-sidecar hold: --for={parsed['hold_for']}: {exc}", file=sys.stderr)
+            return 2
+        if duration > MAX_LEASE_SECONDS:
+            print(
+                f"leader-sidecar hold: --for={parsed['hold_for']}: at most 24h; hold again to "
+                "extend it",
+                file=sys.stderr,
+            )
+            return 2
+    config = _store_config("hold", parsed)
+    if config is None:
+        return 2
+    who = default_who()
+    try:
+        held = asyncio.run(
+            _each_lease(config, lambda store, t: hold(store, who, parsed["reason"], duration, t))
+        )
+    except (StoreError, TimeoutError, OSError, HoldRefused) as exc:
+        print(f"leader-sidecar hold: {terminal_text(exc)}", file=sys.stderr)
+        return 1
+    for name, record in held:
+        print(
+            f"lease {terminal_text(name)} on hold (term {record.term}) by {terminal_text(who)} "
+            f"for {duration:g}s; end it with: leader-sidecar resume"
+        )
+    return 0
+
+
+def resume_main(argv: Sequence[str]) -> int:
+    parsed = vars(resume_parser().parse_args(argv))
+    config = _store_config("resume", parsed)
+    if config is None:
+        return 2
+    try:
+        resumed = asyncio.run(_each_lease(config, resume))
+    except (StoreError, TimeoutError, OSError, HoldRefused) as exc:
+        print(f"leader-sidecar resume: {terminal_text(exc)}", file=sys.stderr)
+        return 1
+    for name, record in resumed:
+        what = "was not on hold" if record is None else "resumed: the replicas may lead again"
+        print(f"lease {terminal_text(name)} {what}")
+    return 0
+
+
+async def _each_lease(config: Config, work: Any) -> list[tuple[str, Any]]:
+    """``work(store, timeout)`` on every lease of ``config``, a bounded number at once."""
+    from sidecar.backends import open_client
+
+    client = open_client(config)
+    try:
+        limit = asyncio.Semaphore(READ_CONCURRENCY)
+        timeout = max(5.0, config.timing.request_timeout)
+
+        async def one(name: str) -> Any:
+            async with limit:
+                return await work(client.lease(name), timeout)
+
+        names = list(config.lease_names)
+        results = await asyncio.gather(*(one(name) for name in names))
+    finally:
+        await client.close()
+    return [(config.ref(name), result) for name, result in zip(names, results, strict=True)]
 
 
 def transfer_main(argv: Sequence[str]) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sidecar.app_check import NO_APP_CHECK, AppCheckSettings, parse_health_url
 from sidecar.backends.records import MAX_LEASE_SECONDS
 from sidecar.limits import DEFAULT_LIMITS, Limits
 from sidecar.redact import looks_secret, printable, redact_url
@@ -76,6 +77,18 @@ def parse_duration(text: str) -> float:
     if seconds is None or seconds <= 0:
         raise ValueError(_DURATION_HELP)
     return seconds
+
+
+def parse_duration_or_zero(text: str) -> float:
+    """A duration where 0 means "none" (``--drain-timeout 0``)."""
+    seconds = duration_seconds(text)
+    if seconds is None:
+        raise ValueError("must be 0 or a duration such as 15, 1.5, 1500ms, 2s or 1m")
+    return seconds
+
+
+def parse_app_health_url(text: str) -> str:
+    return parse_health_url(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,9 +445,58 @@ OPTIONS: tuple[Option, ...] = (
         "debug, info, warning or error (default info)",
         "LEVEL",
     ),
+    # Leadership follows the app (docs/design.md): off unless one of these is given.
+    Option(
+        "--app-health-url",
+        parse_app_health_url,
+        "the app's health endpoint on this pod (loopback or POD_IP; 2xx = up): a replica "
+        "whose app is down does not campaign, and a leader whose app goes down hands over",
+        "URL",
+    ),
+    Option(
+        "--app-health-period",
+        parse_duration,
+        "how often the app's health is checked (default 1s)",
+        "DURATION",
+    ),
+    Option(
+        "--app-health-timeout",
+        parse_duration,
+        "timeout of one app health check (default 1s)",
+        "DURATION",
+    ),
+    Option(
+        "--app-health-failures",
+        parse_positive_count,
+        "failed checks in a row before the app counts as down (default 3)",
+        "N",
+    ),
+    Option(
+        "--app-health-successes",
+        parse_positive_count,
+        "passed checks in a row before the app counts as up (default 1)",
+        "N",
+    ),
+    Option(
+        "--app-heartbeat",
+        parse_duration,
+        "the app is up while it called the localhost API within DURATION or holds a "
+        "long-poll or event stream there (default: not used)",
+        "DURATION",
+    ),
+    Option(
+        "--drain-timeout",
+        parse_duration_or_zero,
+        "with an app check, on SIGTERM answer 503 at once but keep the lease until the app "
+        "has stopped, at most this long (default: the lease duration; 0: release at once)",
+        "DURATION",
+    ),
     # Demotion actions (every store).
     Option(
-        "--pod-name", parse_name, "this pod's name, for its role label (default POD_NAME)", "NAME"
+        "--pod-name",
+        parse_name,
+        "this pod's name, for its role label and GET / (default POD_NAME, else the hostname)",
+        "NAME",
     ),
     Option(
         "--role-label-key",
@@ -650,6 +712,10 @@ class Config:
     """--shards: every listed lease L runs as L-0 … L-(shards-1); None: no shards."""
     metrics_per_lease: bool | None = None
     """--metrics-per-lease; None: the default, `per_lease_metrics`."""
+    app: AppCheckSettings = NO_APP_CHECK
+    """How the sidecar knows its app is up (`sidecar.app_check`); not configured: as before."""
+    drain_timeout: float = 0.0
+    """On SIGTERM, how long a leader keeps the lease (answering 503) for its app to stop."""
 
     @property
     def lease_names(self) -> tuple[str, ...]:
@@ -741,6 +807,8 @@ SERVER_EPILOG = """\
 commands (each with its own --help):
   leader-sidecar status             holders, terms and candidates, read from the store
   leader-sidecar transfer           ask the sidecar on this host to hand its lease(s) over
+  leader-sidecar hold               stop the job fleet-wide: nobody leads until resume
+  leader-sidecar resume             end a hold: a replica whose app is up leads again
   leader-sidecar postgresql-schema  create the PostgreSQL store's schema and grants
 
 optional extras (a plain install has neither; without one, its store stops at start naming it):
@@ -892,6 +960,18 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             "--redis-min-replicas", values["redis_min_replicas"], "only applies to a redis store"
         )
 
+    app = _app_check(values)
+    drain_timeout = values.get("drain_timeout")
+    if drain_timeout is None:
+        drain_timeout = timing.lease_duration if app.configured else 0.0
+    elif drain_timeout > 0 and not app.configured:
+        raise ConfigError(
+            "--drain-timeout",
+            values["drain_timeout"],
+            "needs --app-health-url or --app-heartbeat: without them the sidecar cannot tell "
+            "when the app has stopped",
+        )
+
     kubeconfig = values.get("kubeconfig") or environ.get("KUBECONFIG") or None
     context_namespace = None
     if store == "kubernetes" and kubeconfig is not None:
@@ -943,6 +1023,30 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         transfer_timeout=values.get("transfer_timeout"),
         shards=shards,
         metrics_per_lease=values.get("metrics_per_lease"),
+        app=app,
+        drain_timeout=drain_timeout,
+    )
+
+
+def _app_check(values: Mapping[str, Any]) -> AppCheckSettings:
+    """The app check's flags, the probe's only with ``--app-health-url`` (a period with no
+    URL would be a check the operator believes runs)."""
+    url = values.get("app_health_url")
+    if url is None:
+        for dest in (
+            "app_health_period", "app_health_timeout", "app_health_failures",
+            "app_health_successes",
+        ):  # fmt: skip
+            if dest in values:
+                flag = "--" + dest.replace("_", "-")
+                raise ConfigError(flag, values[dest], "applies only with --app-health-url")
+    return AppCheckSettings(
+        health_url=url,
+        period=values.get("app_health_period", 1.0),
+        timeout=values.get("app_health_timeout", 1.0),
+        failures=values.get("app_health_failures", 3),
+        successes=values.get("app_health_successes", 1),
+        heartbeat=values.get("app_heartbeat"),
     )
 
 

@@ -44,6 +44,7 @@ from sidecar.backends.base import (
     NotOwned,
     StoreError,
     StoreUnavailable,
+    is_hold,
     lost_grant,
     room_for_marker,
 )
@@ -132,6 +133,12 @@ class GapAlert:
     status: LeaderStatus
 
 
+def _taken_by(record: LeaseRecord | None) -> str:
+    """The demotion reason when the store shows the lease is no longer ours: an operator's
+    hold (`leader-sidecar hold`), or lost."""
+    return "hold" if record is not None and is_hold(record.holder) else "lost"
+
+
 def no_scheduler(elector: Elector) -> None:
     """`Elector.wake_scheduler` while no scheduler runs the elector: nobody to tell."""
 
@@ -157,6 +164,7 @@ class Elector:
         "_last_store_answer",
         "_lock",
         "_loop",
+        "_muted",
         "_next_attempt",
         "_on_beat",
         "_probe",
@@ -256,6 +264,7 @@ class Elector:
         self._change_listeners: tuple[Callable[[Elector], None], ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
         self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
+        self._muted = False  # `mute`: draining, answer 503 while the lease is still held
         self._gap_listeners: tuple[Callable[[GapAlert], None], ...] = ()
         metrics.bind(self)
 
@@ -268,7 +277,7 @@ class Elector:
     def _shown(self, now: float) -> tuple[bool, str | None, int]:
         """What the ETag is made of: leading now, the holder, the term."""
         if self._role is Role.LEADER:
-            return now < self._valid_until, self.identity, self._term
+            return now < self._valid_until and not self._muted, self.identity, self._term
         observed = self._view.record
         holder = observed.holder if observed else None
         known = observed is not None and observed.unreadable is None
@@ -380,6 +389,13 @@ class Elector:
             at = max(now, self._view.next_attempt(now).at)
         if at < self._next_attempt:
             self._ask_for_attempt(at)
+
+    def mute(self) -> None:
+        """From now on ``/leader`` answers 503 while this replica still holds (and renews) the
+        lease: a drain on SIGTERM, where the app must stop before the lease may move
+        (`LeaseSet.drain`). Only stopping leads here; nothing unmutes."""
+        self._muted = True
+        self._publish()
 
     def use_probe(self, probe: StoreProbe) -> None:
         """Wait for ``probe`` while the store refuses (see `sidecar.probe`); the owner pokes
@@ -543,7 +559,7 @@ class Elector:
         self._on_beat = False
         if isinstance(failed, NotOwned):
             self._observe(failed.record)
-            self._demote("lost")
+            self._demote(_taken_by(failed.record))
             return self._follower_delay()
         # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
         # (another write raced ours; the store re-read a record that is still ours) is
@@ -1051,6 +1067,15 @@ class Elector:
             return 0.0
         return max(0.0, self._clock.now() - self._last_renewal_sent)
 
+    def hold_shown(self) -> tuple[float, float] | None:
+        """For a lease on an operator's hold: (seconds since this replica first saw it, the
+        hold's length); None otherwise. Read at scrape time."""
+        record = self._view.record
+        since = self._view.unchanged_since
+        if record is None or since is None or not is_hold(record.holder):
+            return None
+        return max(0.0, self._clock.now() - since), record.duration
+
     def _check_growing_gap(self, now: float) -> None:
         if self._role is not Role.LEADER or self._gap_alerted:
             return
@@ -1109,7 +1134,7 @@ class Elector:
             ):
                 # A grant to someone else at our term or later, a later grant, or a release of
                 # our grant: the others may lead now, so stop at once (rule 5).
-                self._demote("lost")
+                self._demote(_taken_by(record))
                 self._ask_for_attempt(now + self._follower_delay())
             return
         if self._loss_to_write_down() is not None:

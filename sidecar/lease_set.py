@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from sidecar.app_check import AppCheck
 from sidecar.backends.base import Candidate, RenewsMany, StoreClient, StoreError
 from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
@@ -130,6 +131,15 @@ class LeaseSet:
         self._shown_at = float("-inf")  # when they were read
         self._shown_tried = float("-inf")
         self._shown_lock: asyncio.Lock | None = None
+        # Leadership follows the app (`use_app`): None without an app check.
+        self.app: AppCheck | None = None
+        self._app_wake = asyncio.Event()  # the app or the candidates changed: look again
+        self._app_alone_since: float | None = None  # leading with the app down, nobody to take it
+        self.draining = False  # SIGTERM with an app check: 503, lease kept until the app stops
+        self.count_handover: Callable[[str], None] = lambda reason: None
+        # Told once per episode of leading with the app down and nobody to hand over to: the
+        # leases kept, and why the app is down (the Kubernetes store records an Event).
+        self.on_app_alone: Callable[[list[str], str | None], None] = lambda leases, why: None
 
     def _track(self, transition: Transition) -> None:
         """Every elector's transitions (one bound method for all, not a closure each)."""
@@ -137,6 +147,37 @@ class LeaseSet:
             self._leading.add(transition.status.lease)
         else:
             self._leading.discard(transition.status.lease)
+
+    def use_app(self, app: AppCheck, count_handover: Callable[[str], None]) -> None:
+        """Lead only while ``app`` is up (`sidecar.app_check`): campaign only then, and hand
+        every lease over to a replica whose app is up when it goes down. ``count_handover``
+        counts each such move by reason (``app_down``, ``drain``, ``hold``)."""
+        self.app = app
+        self.count_handover = count_handover
+        app.on_change(self._app_changed)
+        if self.beat is not None:
+            self.beat.app_is(app.up)  # the first beat says it: an app starts down
+        for elector in self.electors.values():
+            elector.on_transition(self._on_transition_for_app)
+
+    def _app_changed(self, up: bool) -> None:
+        if self.beat is not None:
+            self.beat.app_is(up)
+        self._app_wake.set()
+        if up:
+            self._app_alone_since = None
+            self._candidates_changed()  # every lease may be tried now
+
+    def _on_transition_for_app(self, transition: Transition) -> None:
+        if transition.reason == "hold":
+            self.count_handover("hold")
+        elif transition.role is Role.LEADER and self.app_down:
+            self._app_wake.set()  # handed a lease in a race with our app going down
+
+    @property
+    def app_down(self) -> bool:
+        """An app check is configured and says the app is down."""
+        return self.app is not None and not self.app.up
 
     @classmethod
     def single(cls, elector: Elector) -> LeaseSet:
@@ -304,6 +345,7 @@ class LeaseSet:
                 "revision": c.revision or None,
                 "priority": c.priority,
                 "leaving": c.leaving,
+                "app": c.app or None,
             }
             for c in records
         ]
@@ -384,6 +426,9 @@ class LeaseSet:
         )
         self.scheduler.begin()  # the first attempts go before the helpers' first requests
         helpers = []
+        if self.app is not None:
+            helpers.append(self.supervisor.spawn("app-check", self.app.run))
+            helpers.append(self.supervisor.spawn("app-follow", self._follow_app))
         if self.beat is not None:
             helpers.append(self.supervisor.spawn("candidates", self.beat.run))
             helpers.append(self.supervisor.spawn("candidates-follow", self.beat.follow))
@@ -421,6 +466,10 @@ class LeaseSet:
           by one replica, not raced for by all (every refused race is a write that queues the
           renewals behind it), and the first spread is nearly even without hand-overs.
         """
+        if self.app_down or self.draining:
+            # Never campaign for an app that is down (or stopping): it could not do the work.
+            # `_app_changed` pokes every lease when it is up again.
+            return self.primary.timing.lease_duration
         if len(self.electors) == 1:
             return 0.0
         live = self._live()
@@ -475,6 +524,7 @@ class LeaseSet:
 
     def _candidates_changed(self) -> None:
         self._rebalance.set()
+        self._app_wake.set()  # a replica whose app is up may have appeared
         for elector in self.electors.values():
             elector.poke()  # a share may have grown
 
@@ -580,6 +630,114 @@ class LeaseSet:
     def _beat_sent_at(self, version: str) -> float | None:
         return self.beat.sent_at(version) if self.beat is not None else None
 
+    # -- leadership follows the app ------------------------------------------------------
+
+    async def _follow_app(self) -> None:
+        """While the app is down, hand every lease this replica leads to a replica whose app
+        is up, at once, in one write each (rule 7's hand-over). With none up, keep the leases
+        (never worse than leading for an app that cannot work: nobody could do it) and say
+        so; look again at every change of the candidates, and every app check period on a
+        store whose candidates are not followed, so that the lease moves within a period of
+        another app coming up."""
+        assert self.app is not None
+        period = self.app.settings.period
+        while not self._stopping:
+            self._app_wake.clear()
+            wait: float | None = None
+            if self.app_down and not self.draining and self.held():
+                if await self._hand_over_for_app("app_down"):
+                    continue
+                wait = None if self.beat is not None and self.beat.current() else period
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._app_wake.wait()
+
+    async def _hand_over_for_app(self, reason: str) -> bool:
+        """Hand every lease held to the best replica whose app is up. False: none is."""
+        held = self.held()
+        await self._fresh_candidates(self.primary.timing.request_timeout)
+        successors = self._successors(held)
+        if not successors:
+            now = self._clock.now()
+            if self._app_alone_since is None:
+                self._app_alone_since = now
+                self.on_app_alone(held, self.app.last_problem if self.app is not None else None)
+                log(
+                    logger,
+                    "warning",
+                    "the app is down and no other replica's app is up: keeping the leases "
+                    "until one is",
+                    leases=held,
+                    reason=self.app.last_problem if self.app is not None else None,
+                )
+            return False
+        self._app_alone_since = None
+        log(
+            logger,
+            "warning",
+            "the app is down: handing the leases to a replica whose app is up",
+            leases=len(successors),
+            to=sorted(set(successors.values())),
+            reason=self.app.last_problem if self.app is not None else None,
+        )
+        released = await self._release_all(list(successors), successors, reason)
+        for _ in released:
+            self.count_handover(reason)
+        return bool(released)
+
+    @property
+    def app_down_alone_seconds(self) -> float:
+        """How long this replica has led with its app down and nobody else's up (0: not)."""
+        since = self._app_alone_since
+        if since is None or not self.held():
+            return 0.0
+        return self._clock.now() - since
+
+    async def drain(self, timeout: float) -> str:
+        """SIGTERM with an app check (`Sidecar.stop`): answer 503 at once so the app learns
+        it must stop, keep the leases (renewed as usual) until the app has stopped — its check
+        fails, or it releases the leases itself — at most ``timeout``; then the shutdown hands
+        them over. Returns how it ended: ``none`` (nothing to drain), ``app_stopped``,
+        ``released`` or ``timeout``."""
+        app = self.app
+        if app is None or timeout <= 0 or not self.held():
+            return "none"
+        self.draining = True
+        for elector in self.electors.values():
+            elector.mute()
+        if self.beat is not None:
+            self.beat.leaving()  # hand this replica nothing meanwhile
+            self.beat.wake()
+        log(
+            logger,
+            "info",
+            "draining: answering 503 and keeping the leases until the app has stopped",
+            leases=self.held(),
+            timeout_seconds=timeout,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if not app.up:
+                outcome = "app_stopped"
+                break
+            if not self.held():
+                outcome = "released"
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                outcome = "timeout"
+                break
+            await app.wait_for(False, min(remaining, 0.05))
+        log(
+            logger,
+            "warning" if outcome == "timeout" else "info",
+            "drain ended" if outcome != "timeout" else "drain timed out; releasing anyway",
+            outcome=outcome,
+            leases=self.held(),
+        )
+        return outcome
+
     # -- moved on purpose -----------------------------------------------------------------
 
     def resolve(self, to: str) -> str | None:
@@ -603,6 +761,8 @@ class LeaseSet:
                     retry_after=wait,
                 )
             what = "matches several" if matches else "is not a live candidate"
+            if not matches and self._app_down_candidate(to):
+                what = "has its app down (a replica whose app is down is never handed a lease)"
             raise TransferRefused(f"{to} {what}; live candidates: {names}")
         return matches[0]
 
@@ -632,6 +792,15 @@ class LeaseSet:
         assert self.beat is not None  # (a pending candidate is one of the view's)
         await self.beat.refresh(self.primary.timing.request_timeout)
         return self.resolve(to)
+
+    def _app_down_candidate(self, to: str) -> bool:
+        """``to`` names a candidate (an identity or its pod name) whose app is down."""
+        if self.beat is None:
+            return False
+        return any(
+            c.app == "down" and (c.identity == to or c.identity.startswith(to + "_"))
+            for c in self.beat.view.all()
+        )
 
     async def transfer(self, lease: str | None, to: str) -> tuple[list[str], str | None]:
         """Hand ``lease`` (None: every lease this replica holds) to ``to``: demote, then

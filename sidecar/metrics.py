@@ -37,7 +37,9 @@ GAP_FRACTIONS: tuple[tuple[int, int], ...] = (
 # Store round trips: from a loopback SQLite commit to a cross-zone Kubernetes API call.
 STORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown")
+DEMOTION_REASONS = ("lost", "deadline", "released", "shutdown", "app_down", "drain", "hold")
+HANDOVER_REASONS = ("app_down", "drain", "hold")  # moves made because of the app or an operator
+DRAIN_OUTCOMES = ("app_stopped", "released", "timeout")
 STORE_STEADY_OPS = ("acquire", "renew")  # what every replica sends all the time
 STORE_ALERT_OUTCOMES = ("ok", "timeout", "unavailable", "error")  # what the alerts divide
 ROLES = ("leader", "follower")
@@ -57,6 +59,8 @@ class ScrapedState(Protocol):
 
     def seconds_since_renewal(self) -> float: ...
 
+    def hold_shown(self) -> tuple[float, float] | None: ...
+
 
 class _NotBound:
     """Before `Metrics.bind`: not leading, no renewal."""
@@ -66,6 +70,9 @@ class _NotBound:
 
     def seconds_since_renewal(self) -> float:
         return 0.0
+
+    def hold_shown(self) -> tuple[float, float] | None:
+        return None
 
 
 _NOT_BOUND = _NotBound()
@@ -136,6 +143,11 @@ class _PerLease:
                 family.add_metric(labels, lease.value)
             elif kind == "seconds_since_renewal":
                 family.add_metric(labels, lease._source.seconds_since_renewal())
+            elif kind in ("hold_seconds", "hold_duration"):
+                # Only a lease on hold has these series: 1,000 shards pay nothing for them.
+                hold = lease._source.hold_shown()
+                if hold is not None:
+                    family.add_metric(labels, hold[0] if kind == "hold_seconds" else hold[1])
             else:
                 assert isinstance(family, CounterMetricFamily)
                 family.add_metric(labels, lease.gaps, created=lease.created if created else None)
@@ -193,6 +205,18 @@ class _Families:
                 + since_renewal,
                 "seconds_since_renewal",
             )
+        each_lease(
+            "hold_seconds",
+            "Only for a lease on an operator's hold (leader-sidecar hold): seconds since this "
+            "replica first saw the hold",
+            "hold_seconds",
+        )
+        each_lease(
+            "hold_duration_seconds",
+            "Only for a lease on an operator's hold: how long the hold was set for (--for); "
+            "it ends by itself this long after each replica first saw it",
+            "hold_duration",
+        )
         each_lease(
             "renewal_gap_over_half_lease",
             "Renewal gaps (finished or still growing) longer than half the lease",
@@ -344,6 +368,71 @@ class Metrics:
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         self._store_requests.labels(*self._grouped, op, outcome).inc()
         self._store_duration.labels(*self._grouped, op).observe(seconds)
+
+
+class AppMetrics:
+    """Leadership follows the app (`sidecar.app_check`): exported only when an app check is
+    configured, once per sidecar, labelled with its candidates' group (``lease_group``: the
+    first --lease, as users name it), so the alerts name what is not being done."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        app_up: Callable[[], bool],
+        alone_seconds: Callable[[], float],
+        outcomes: tuple[str, ...],
+        group: str,
+    ) -> None:
+        labels = ["lease_group"]
+        Gauge(
+            PREFIX + "app_up",
+            "1 while the app beside this sidecar is up as its check says (--app-health-url, "
+            "--app-heartbeat)",
+            labels,
+            registry=registry,
+        ).labels(group).set_function(lambda: 1.0 if app_up() else 0.0)
+        Gauge(
+            PREFIX + "app_down_leading_seconds",
+            "While this replica leads with its app down and no other replica's app is up: "
+            "for how long; 0 otherwise",
+            labels,
+            registry=registry,
+        ).labels(group).set_function(alone_seconds)
+        self.checks = Counter(
+            PREFIX + "app_checks",
+            "App health checks by outcome (up, down, timeout, refused, redirect)",
+            [*labels, "outcome"],
+            registry=registry,
+        ).labels
+        self.handovers = Counter(
+            PREFIX + "handovers",
+            "Leases this replica stopped leading because of its app or an operator, by reason "
+            "(app_down, drain, hold)",
+            [*labels, "reason"],
+            registry=registry,
+        ).labels
+        self.drains = Counter(
+            PREFIX + "drains",
+            "Drains on SIGTERM (503 while the app stops) by how they ended",
+            [*labels, "outcome"],
+            registry=registry,
+        ).labels
+        self.group = group
+        for outcome in outcomes:  # zeros, so that increase() sees the first one
+            self.checks(group, outcome)
+        for reason in HANDOVER_REASONS:
+            self.handovers(group, reason)
+        for outcome in DRAIN_OUTCOMES:
+            self.drains(group, outcome)
+
+    def check(self, outcome: str) -> None:
+        self.checks(self.group, outcome).inc()
+
+    def handover(self, reason: str) -> None:
+        self.handovers(self.group, reason).inc()
+
+    def drain(self, outcome: str) -> None:
+        self.drains(self.group, outcome).inc()
 
 
 def for_config(config: Config, registry: CollectorRegistry) -> Callable[[str], Metrics]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.backends.base import LeaseRecord
+from sidecar.backends.base import LeaseRecord, is_hold
 
 # How far a grant after a store loss jumps above every term seen, per loss in a row.
 LOSS_TERM_GAP = 1000
@@ -125,7 +125,9 @@ class LeaseView:
         if record is not None:
             self._note_at_high_water(record)
             self.high_water = max(self.high_water, record.term)
-            self._longest = max(self._longest, record.duration)
+            if not is_hold(record.holder):
+                # (A hold leads nothing: its length bounds no holder's belief that it leads.)
+                self._longest = max(self._longest, record.duration)
         if not behind:
             self.loss_since = None
             if record is not None and (record.holder is not None or record.released):

@@ -65,6 +65,17 @@ from typing import Protocol, runtime_checkable
 LOST_HOLDER = "leader-sidecar.io/lost"
 
 
+# The holder name of an operator's hold (``leader-sidecar hold``): a grant like any other, with
+# a term of its own, that no sidecar leads on; followers wait it out like any held lease (its
+# duration is the hold's). Written as ``leader-sidecar.io/hold by WHO: REASON`` (`hold_holder`).
+HOLD_HOLDER = "leader-sidecar.io/hold"
+
+
+def is_hold(holder: str | None) -> bool:
+    """The holder is an operator's hold, not a replica."""
+    return holder is not None and (holder == HOLD_HOLDER or holder.startswith(HOLD_HOLDER + " "))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LeaseRecord:
     """One observation of the lease: the only type that crosses the backend boundary."""
@@ -301,7 +312,7 @@ class Candidate:
     priority: int = 0
     """Higher is preferred as a successor (``--priority``)."""
     leaving: bool = False
-    """Set by a replica that is shutting down: never hand it a lease."""
+    """Set by a replica that is shutting down, or whose app is down: never hand it a lease."""
     started_at: datetime | None = None
     """Wall-clock start of the replica: among equals, the newest is preferred (rollouts)."""
     beat_at: datetime | None = None
@@ -311,6 +322,10 @@ class Candidate:
     record is marked ``leaving`` too, and left out by every reader."""
     ignored: str | None = None
     """A timestamp that could not be read and reads as None; the record stays readable."""
+    app: str = ""
+    """The replica's app as its sidecar checks it: "up", "down", or "" (no app check, or a
+    store that keeps no such field). An app that is down also sets ``leaving``, so that a
+    replica of any version skips it as a successor."""
 
 
 @runtime_checkable

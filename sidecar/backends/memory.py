@@ -267,6 +267,7 @@ class MemoryCandidates:
                 leaving=c.leaving,
                 started_at=c.started_at,
                 beat_at=c.beat_at,
+                app=c.app,
             )
             for c in self.server.groups.get(self.group, {}).values()
         ]

@@ -138,6 +138,7 @@ def candidate(
     leaving: object = False,
     started_at: object = None,
     beat_at: object = None,
+    app: object = "",
 ) -> Candidate:
     """A candidate record, checked field by field; if any is bad, one marked ``unreadable``
     and ``leaving`` (never handed a lease, never counted), its identity shown escaped."""
@@ -151,10 +152,23 @@ def candidate(
             leaving=_flag("leaving", leaving),
             started_at=_stamp("started_at", started_at, ignored),
             beat_at=_stamp("beat_at", beat_at, ignored),
+            app=_app(app, ignored),
             ignored="; ".join(ignored) or None,
         )
     except _Bad as bad:
         return unreadable_candidate(identity, version, str(bad))
+
+
+APP_STATES = ("", "up", "down")
+
+
+def _app(value: object, ignored: list[str]) -> str:
+    """A candidate's app state is for humans (``status``); what a hand-over chooses by is the
+    ``leaving`` mark. One that cannot be read reads as unknown, the record stays readable."""
+    if value is None or value in APP_STATES:
+        return str(value or "")
+    ignored.append(f"app: {shown(value)} is not up or down")
+    return ""
 
 
 def unreadable_candidate(identity: object, version: object, problem: str) -> Candidate:

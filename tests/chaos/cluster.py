@@ -4,7 +4,11 @@ schedule kills or stops it), its wall-clock shift, and the fenced writer beside 
 
 Sharded (``shards`` > 0): every sidecar runs ``--lease jobs --shards N``; one `LeasesObserver`
 polls every process's ``/leases`` and keeps one sample per lease per answer, and beside each
-slot a `ShardWriter` writes for every shard its replica leads."""
+slot a `ShardWriter` writes for every shard its replica leads.
+
+With apps (the app-fault round): every slot has an `App` too, started before its sidecar, and
+every sidecar checks it (``--app-health-url``); the fenced writer of a slot writes only while
+its app is up (`App.may_write`)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.chaos.apps import App
 from tests.chaos.clock import ClockShift
 from tests.chaos.fence import FencedWriter, ShardWriter
 from tests.chaos.stores import StoreHarness
@@ -94,6 +99,7 @@ class Cluster:
         directory: Path,
         shim: Path,
         shards: int = 0,
+        apps: bool = False,
     ) -> None:
         self.store = store
         self.lease = lease
@@ -111,6 +117,7 @@ class Cluster:
             if shards
             else LeaderObserver([], interval=OBSERVER_INTERVAL)
         )
+        self.apps = {slot.name: App(slot.name, directory) for slot in self.slots} if apps else {}
         self.writers: list[FencedWriter | ShardWriter] = []
         self._session: aiohttp.ClientSession | None = None
         self._starting = asyncio.Semaphore(2)
@@ -118,6 +125,8 @@ class Cluster:
     async def start(self) -> None:
         await self.store.start(self.directory, self.shim, [slot.name for slot in self.slots])
         await self.observer.__aenter__()
+        for app in self.apps.values():
+            await app.start()  # up before its sidecar, as an app in a pod usually is
         # Start the replicas together, as a rollout does, but no more at once than there are
         # cores here: five interpreters importing the Kubernetes client at once on a shared
         # two-core machine once took longer than the start-up bound. Every launch finishes
@@ -135,7 +144,12 @@ class Cluster:
             writer = (
                 ShardWriter(slot.name, lambda slot=slot: leases_url(slot.proc), self.store.fence)
                 if self.shards
-                else FencedWriter(slot.name, slot.url, self.store.fence)
+                else FencedWriter(
+                    slot.name,
+                    slot.url,
+                    self.store.fence,
+                    gate=self.apps[slot.name].may_write if self.apps else None,
+                )
             )
             writer.start(self._session)
             self.writers.append(writer)
@@ -150,6 +164,8 @@ class Cluster:
         args = [*args, "--lease", self.store.lease]
         if self.shards:
             args += ["--shards", str(self.shards)]
+        if self.apps:
+            args += self.apps[slot.name].sidecar_args()
         for attempt in (1, 2):  # a start that outlasts the bound on a loaded machine: once more
             try:
                 proc = await asyncio.to_thread(
@@ -207,6 +223,8 @@ class Cluster:
         await self.observer.__aexit__(None, None, None)
         for _slot, proc in self.all_processes():
             await asyncio.to_thread(proc.stop)
+        for app in self.apps.values():
+            await asyncio.to_thread(app.stop)
         await self.store.stop()
         self.keep_logs()
 

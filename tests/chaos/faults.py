@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from tests.chaos.apps import DOWN, DOWN_WITHIN, UP, AppMode
 from tests.chaos.cluster import Cluster, Slot, lease_of
 from tests.chaos.schedule import FaultSpec
 from tests.chaos.stores import EtcdStore, KubernetesStore, PostgresStore
@@ -433,6 +435,148 @@ async def store_failover(cluster: Cluster, spec: FaultSpec, record: FaultRecord)
     record.healed = time.time()
 
 
+# -- the apps (the app-fault round) ---------------------------------------------------------
+
+
+def app_rng(spec: FaultSpec) -> random.Random:
+    """More seeded choices for one app fault than its spec carries (a function of the spec,
+    so of the seed)."""
+    return random.Random(f"{spec.index}/{spec.kind}/{spec.pick}/{spec.hold}")
+
+
+def on_an_up_app(cluster: Cluster, sample: Sample) -> bool:
+    """A 200 from a slot whose app was up while the request was out: the job is done."""
+    app = cluster.apps[sample.name]
+    return sample.leader and app.up_at(sample.sent) and app.up_at(sample.received)
+
+
+async def note_job(
+    cluster: Cluster, record: FaultRecord, since: float, what: str, timeout: float = 0.05
+) -> None:
+    """Informational (the judge decides): how soon after ``since`` a slot whose app is up led
+    (waiting at most ``timeout``)."""
+    try:
+        sample = await cluster.observer.wait_for(
+            lambda s: s.sent >= since and on_an_up_app(cluster, s), timeout=timeout
+        )
+    except AssertionError:
+        record.notes.append(f"{what}: not on an up app yet")
+        return
+    record.notes.append(
+        f"{what}: on {sample.name} term {sample.term} after {sample.received - since:.2f}s"
+    )
+
+
+def reigns_begun(cluster: Cluster, low: float, high: float) -> list[str]:
+    """Reigns (name:term) whose first 200 the observer saw between ``low`` and ``high``."""
+    seen: dict[tuple[str, object], float] = {}
+    for sample in cluster.observer.samples:
+        if sample.leader and sample.body is not None:
+            seen.setdefault((sample.name, sample.term), sample.received)
+    return [f"{name}:{term}" for (name, term), at in seen.items() if low <= at <= high]
+
+
+async def app_kill(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """SIGKILL the target's app, and start it again (same port) after ``hold``."""
+    slot = await pick_target(cluster, spec, record)
+    app = cluster.apps[slot.name]
+    record.began = time.time()
+    app.kill()
+    await asyncio.sleep(spec.hold)
+    await note_job(cluster, record, record.began, "the job")
+    await app.start()
+    record.healed = time.time()
+
+
+async def app_hang(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """SIGSTOP the target's app (its health check times out; its writer holds the write it
+    was about to make), then SIGCONT after ``hold``."""
+    slot = await pick_target(cluster, spec, record)
+    app = cluster.apps[slot.name]
+    record.began = time.time()
+    app.hang()
+    try:
+        await asyncio.sleep(spec.hold)
+        await note_job(cluster, record, record.began, "the job")
+    finally:
+        app.resume()
+    record.healed = time.time()
+
+
+async def app_flap(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """The target's app flaps: first faster than the failure threshold (503 spells shorter
+    than two check periods, so never ``failures`` checks in a row: it should keep counting as
+    up), for ``hold``; then slower (503 spells past the threshold), two cycles; then up."""
+    rng = app_rng(spec)
+    slot = await pick_target(cluster, spec, record)
+    app = cluster.apps[slot.name]
+    fast = AppMode("flap", time.time(), rng.uniform(0.12, 0.18), rng.uniform(0.2, 0.3))
+    record.began = fast.origin
+    app.set_mode(fast)
+    await asyncio.sleep(spec.hold)
+    slow_at = time.time()
+    slow = AppMode("flap", slow_at, rng.uniform(0.7, 1.2), rng.uniform(0.7, 1.2))
+    app.set_mode(slow)
+    record.notes.append(
+        f"fast {fast.down:.2f}s down/{fast.up:.2f}s up: new reigns "
+        f"{reigns_begun(cluster, fast.origin, slow_at) or 'none'}"
+    )
+    await asyncio.sleep(2 * (slow.down + slow.up))
+    app.set_mode(UP)
+    record.healed = time.time()
+    record.notes.append(
+        f"slow {slow.down:.2f}s down/{slow.up:.2f}s up x2: new reigns "
+        f"{reigns_begun(cluster, slow_at, record.healed) or 'none'}"
+    )
+
+
+async def apps_down(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """Every app down at once, each its own seeded way (killed, hung or answering 503), for
+    twice ``hold``: nobody whose app is down may be handed the lease, and the leader keeps
+    it (the specified behaviour). Then the apps come back one by one, ``gap`` apart, in a
+    seeded order: the first one back should get the job within the bound."""
+    rng = app_rng(spec)
+    leader = await cluster.leader_now(timeout=2 * cluster.lease + 2)
+    ways = {name: rng.choice(("kill", "hang", "unready")) for name in cluster.apps}
+    order = list(cluster.apps)
+    rng.shuffle(order)
+    record.targets.append(f"leader {leader.name} term {leader.term}" if leader else "no leader now")
+    record.targets.append(", ".join(f"{name} {way}" for name, way in ways.items()))
+    record.began = time.time()
+    for name, way in ways.items():
+        app = cluster.apps[name]
+        if way == "kill":
+            app.kill()
+        elif way == "hang":
+            app.hang()
+        else:
+            app.set_mode(DOWN)
+    all_down = time.time()
+    await asyncio.sleep(2 * spec.hold)
+    # Past the check's reaction time, a new reign would be a grant to a replica whose app
+    # is down: none is expected (informational; the fence and the observer judge safety).
+    record.notes.append(
+        f"all down {time.time() - all_down:.2f}s: new reigns after {DOWN_WITHIN:.1f}s: "
+        f"{reigns_begun(cluster, all_down + DOWN_WITHIN + 0.2, time.time()) or 'none'}"
+    )
+    back = []
+    for position, name in enumerate(order):
+        app = cluster.apps[name]
+        if position:
+            await asyncio.sleep(spec.gap)
+        if ways[name] == "kill":
+            await app.start()
+        elif ways[name] == "hang":
+            app.resume()
+        else:
+            app.set_mode(UP)
+        back.append((name, time.time()))
+    record.healed = time.time()
+    first, first_at = back[0]
+    record.notes.append("back in order " + ",".join(name for name, _at in back))
+    await note_job(cluster, record, first_at, f"the job after {first} came back", timeout=3.0)
+
+
 ACTIONS: dict[str, FaultAction] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -457,4 +601,8 @@ ACTIONS: dict[str, FaultAction] = {
     "store_crash": store_crash,
     "terminate_sessions": terminate_sessions,
     "store_failover": store_failover,
+    "app_kill": app_kill,
+    "app_hang": app_hang,
+    "app_flap": app_flap,
+    "apps_down": apps_down,
 }

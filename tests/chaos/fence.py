@@ -24,7 +24,7 @@ import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -179,16 +179,27 @@ class WriterCounts:
 
 class FencedWriter:
     """The app beside one replica slot. ``url`` is asked afresh before every request, so the
-    writer follows the slot's current process (a replacement after a kill)."""
+    writer follows the slot's current process (a replacement after a kill).
+
+    ``gate`` (the app-fault round): awaited after each 200, before the write; False skips
+    the write. It is the app's own view (`tests.chaos.apps.App.may_write`): a dead or unready
+    app does not write, a hung one holds its write until it thaws."""
 
     INTERVAL = 0.01  # between writes while leading: an eager app
     FOLLOWER_WAIT = 0.5  # long-poll while not leading: wakes at once when that changes
     TIMEOUT = 1.5  # one /leader request; a paused sidecar answers nothing
 
-    def __init__(self, name: str, url: Callable[[], str], fence: FencedResource) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: Callable[[], str],
+        fence: FencedResource,
+        gate: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.name = name
         self.url = url
         self.fence = fence
+        self.gate = gate
         self.counts = WriterCounts()
         self.seq = 0
         self._task: asyncio.Task[None] | None = None
@@ -219,6 +230,9 @@ class FencedWriter:
                 etag = None
                 await asyncio.sleep(self.INTERVAL)  # refused at once (a restart): no spin
             if body is None:
+                continue
+            if self.gate is not None and not await self.gate():
+                await asyncio.sleep(self.INTERVAL)  # the app cannot do the work now
                 continue
             self.seq += 1
             accepted = await self.fence.write(

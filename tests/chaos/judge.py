@@ -10,6 +10,14 @@ the schedule did. Every judgment is checked on every run; none is relaxed for a 
 5. a replica that exited without the schedule killing or terminating it;
 6. an interval without a leader longer than 2 x lease + 2 s after a fault healed.
 
+The app-fault round (``RunFacts.apps`` given) adds:
+
+7. the job off every up app for longer than ``job_bound`` while some slot's app was up: from
+   the first fault on, every moment at which some app is up must be within ``job_bound`` of a
+   moment at which a slot whose app is up leads (its reign, from ``since`` to its last 200,
+   meets that app's up time). While every app is down nothing is asked; the bound starts
+   again when one is back.
+
 A sharded run is judged lease by lease (`judge_sharded`): judgments 1-4 and 6 on that lease's
 samples and its own fenced row's log, exactly as for a single lease; 5 once for the run.
 """
@@ -55,6 +63,10 @@ class RunFacts:
     fence_logs: dict[str, list[FencedWrite]] = dataclasses.field(default_factory=dict)
     shards: int = 0
     logs: str = ""  # where the run's sidecar logs are kept
+    # The app-fault round: when each slot's app was up (slot name -> merged intervals), and
+    # how soon the job must be back on an up app (judgment 7).
+    apps: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    job_bound: float = 0.0
 
     @property
     def leaderless_limit(self) -> float:
@@ -355,6 +367,101 @@ def leaderless(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
     return violations
 
 
+def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for low, high in sorted(intervals):
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [(low, high) for low, high in merged]
+
+
+def on_up_apps(facts: RunFacts, leaders: list[Sample]) -> list[tuple[float, float]]:
+    """When a slot whose app was up led: each reign (``since`` to its last 200's request)
+    cut to its slot's app's up time."""
+    reigns: dict[tuple[str | None, float], tuple[str, float, float]] = {}
+    for sample in leaders:
+        key = (sample.identity, sample.since)
+        _name, since, last = reigns.get(key, (sample.name, sample.since, sample.sent))
+        reigns[key] = (sample.name, since, max(last, sample.sent))
+    found = []
+    for name, since, last in reigns.values():
+        for low, high in facts.apps.get(name, []):
+            if max(since, low) < min(last, high):
+                found.append((max(since, low), min(last, high)))
+    return merge(found)
+
+
+def job_off_up_apps(facts: RunFacts, leaders: list[Sample]) -> list[Violation]:
+    """Judgment 7: while some app is up, a slot whose app is up leads within ``job_bound``."""
+    if not facts.apps:
+        return []
+    start = facts.records[0].began if facts.records else facts.finished
+    done = on_up_apps(facts, leaders)
+    some_up = merge([interval for ups in facts.apps.values() for interval in ups])
+    violations = []
+    for low, high in some_up:
+        low, high = max(low, start), min(high, facts.finished)
+        cursor = low
+        gaps = []
+        for begin, end in done:
+            if end <= cursor:
+                continue
+            if begin >= high:
+                break
+            if begin > cursor:
+                gaps.append((cursor, begin))
+            cursor = max(cursor, end)
+        if cursor < high:
+            gaps.append((cursor, high))
+        for begin, end in gaps:
+            if end - begin > facts.job_bound:
+                violations.append(
+                    Violation(
+                        f"the job off every up app for longer than {facts.job_bound:g}s",
+                        begin,
+                        f"from {stamp(facts, begin)} to {stamp(facts, end)} "
+                        f"({end - begin:.2f}s) some app was up and no slot whose app was up "
+                        f"led; {leading_at(facts, leaders, begin)}; apps up then: "
+                        f"{apps_up_at(facts, begin + facts.job_bound) or 'none'}",
+                    )
+                )
+    return violations
+
+
+def leading_at(facts: RunFacts, leaders: list[Sample], moment: float) -> str:
+    """Who the observer last saw lead at or before ``moment`` (for a failure message)."""
+    before = [s for s in leaders if s.sent <= moment]
+    if not before:
+        return "no leader seen before"
+    last = max(before, key=lambda s: s.sent)
+    return f"last seen leading: {describe(facts, last)}"
+
+
+def apps_up_at(facts: RunFacts, moment: float) -> list[str]:
+    return [
+        name for name, ups in facts.apps.items() if any(low <= moment < high for low, high in ups)
+    ]
+
+
+def grants_to_down_apps(facts: RunFacts, grace: float) -> list[str]:
+    """Informational: reigns that began on a slot whose app had been down for ``grace`` (the
+    check's reaction time and a margin) and still was: a sidecar should not campaign then,
+    nor be handed the lease."""
+    found = []
+    firsts: dict[tuple[str | None, float], Sample] = {}
+    for sample in corrected(facts):
+        firsts.setdefault((sample.identity, sample.since), sample)
+    for sample in firsts.values():
+        ups = facts.apps.get(sample.name, [])
+        since = sample.since
+        if not any(low - 0.05 <= since < high + grace for low, high in ups):
+            found.append(f"{sample.name}({sample.identity}) term {sample.term} at "
+                         f"{stamp(facts, since)}")  # fmt: skip
+    return found
+
+
 def judge_lease(facts: RunFacts) -> list[Violation]:
     """Every judgment about one lease: its samples, its fenced log."""
     leaders = corrected(facts)
@@ -364,6 +471,7 @@ def judge_lease(facts: RunFacts) -> list[Violation]:
         *fence_regressed(facts),
         *paused_leaders(facts),
         *leaderless(facts, leaders),
+        *job_off_up_apps(facts, leaders),
     ]
 
 

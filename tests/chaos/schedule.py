@@ -15,6 +15,11 @@ import random
 # Faults every store gets: they act on the sidecar processes.
 PROCESS_KINDS = ("sigkill", "sigstop", "sigterm", "clock_step_sidecar")
 
+# The app-fault round's kinds (its own run per store, every sidecar checking an app of its
+# own): the target's app killed then restarted, hung (SIGSTOP, SIGCONT), flapping (fast,
+# then slow), and every app down at once, then back one by one.
+APP_KINDS = ("app_kill", "app_hang", "app_flap", "apps_down")
+
 CLOCK_STEPS = (5.0, 30.0, 600.0, 3600.0)  # seconds, either direction
 
 
@@ -32,11 +37,12 @@ class FaultSpec:
     def describe(self) -> str:
         parts = [f"#{self.index:03d} {self.kind}"]
         if self.kind in ("sigkill", "sigstop", "sigterm", "clock_step_sidecar") or (
-            self.kind.startswith("partition")
+            self.kind.startswith(("partition", "app_"))
         ):
             parts.append(f"target={self.target}")
         if (
             self.kind in ("sigstop", "store_stall", "store_pause", "api_5xx", "late_write")
+            or self.kind in ("app_kill", "app_hang")
             or self.kind in ("member_sigkill", "member_sigstop", "quorum_lost", "member_partition")
             or (self.kind.startswith(("partition", "clock_step")))
         ):
@@ -64,6 +70,17 @@ def fault_count(default: int) -> int:
 def shard_count(default: int = 16) -> int:
     """Shards in the sharded run: ``CHAOS_SHARDS``, else 16."""
     return int(os.environ.get("CHAOS_SHARDS", default))
+
+
+def app_fault_count(default: int = 8) -> int:
+    """Faults in a store's app-fault round: ``CHAOS_APP_FAULTS``; else, in long mode, a
+    quarter of ``CHAOS_FAULTS`` (an app fault cycle takes longer than most); else
+    ``default`` (every app kind twice)."""
+    if os.environ.get("CHAOS_APP_FAULTS"):
+        return int(os.environ["CHAOS_APP_FAULTS"])
+    if os.environ.get("CHAOS_FAULTS"):
+        return max(default, int(os.environ["CHAOS_FAULTS"]) // 4)
+    return default
 
 
 def draw(

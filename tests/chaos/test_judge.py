@@ -11,11 +11,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.chaos.apps import AppMode
 from tests.chaos.clock import ClockShift, build_shim
 from tests.chaos.faults import FaultRecord, Paused
 from tests.chaos.fence import FencedWrite
 from tests.chaos.judge import KNOWN_LIMIT, RunFacts, judge, judge_sharded, unled_after_settling
-from tests.chaos.schedule import FaultSpec, draw
+from tests.chaos.schedule import FaultSpec, app_fault_count, draw
 from tests.support.sidecars import Sample, SidecarProcess
 
 T0 = 1_800_000_000.0
@@ -257,3 +260,45 @@ def test_a_shard_without_a_leader_after_settling_is_a_violation() -> None:
     assert not unled_after_settling(run, ["jobs-0"], T0 + 1.5)
     (violation,) = unled_after_settling(run, ["jobs-0", "jobs-1"], T0 + 1.5)
     assert violation.detail.startswith("[jobs-1] no replica answered leader")
+
+
+def app_facts(samples: list[Sample], apps: dict[str, list[tuple[float, float]]]) -> RunFacts:
+    run = facts(samples, records=[FaultRecord(spec("app_kill"), began=T0 + 0.5, healed=T0 + 3)])
+    run.apps, run.job_bound = apps, 2.0
+    return run
+
+
+def test_the_job_left_on_a_down_app_while_another_is_up_is_a_violation() -> None:
+    """s0's app dies at +1; s1's is up throughout. A hand-over at +1.5 is in time, at +3.5
+    is not; with every app down (s1's too) until +3, keeping the lease is no violation, and
+    the bound runs from when s1's app is back."""
+    samples = reign("s0", "a_1", 1, T0, T0 + 1.5) + reign("s1", "b_1", 2, T0 + 1.52, T0 + 6)
+    up = {"s0": [(T0 - 1, T0 + 1)], "s1": [(T0 - 1, T0 + 7)]}
+    assert judgments(app_facts(samples, up)) == []
+    late = reign("s0", "a_1", 1, T0, T0 + 3.5) + reign("s1", "b_1", 2, T0 + 3.52, T0 + 6)
+    assert judgments(app_facts(late, up)) == ["the job off every up app for longer than 2s"]
+    all_down = {"s0": [(T0 - 1, T0 + 1)], "s1": [(T0 - 1, T0 + 0.8), (T0 + 3.0, T0 + 7)]}
+    assert judgments(app_facts(late, all_down)) == []
+    still = reign("s0", "a_1", 1, T0, T0 + 5.5) + reign("s1", "b_1", 2, T0 + 5.52, T0 + 6)
+    assert judgments(app_facts(still, all_down)) == ["the job off every up app for longer than 2s"]
+
+
+def test_an_app_flapping_under_the_bound_keeps_the_job() -> None:
+    """The leader's app down for 0.15 s in every 0.4 s and nobody else's up: no violation
+    (the job is back on an up app at every up spell); the flap formula matches the app's."""
+    mode = AppMode("flap", T0 + 1, 0.15, 0.25)
+    ups = [(T0 - 1, T0 + 1), *mode.up_within(T0 + 1, T0 + 4), (T0 + 4, T0 + 6)]
+    assert all(mode.up_at(low + 0.001) and not mode.up_at(low - 0.001) for low, _ in ups[1:4])
+    samples = reign("s0", "a_1", 1, T0, T0 + 6)
+    assert judgments(app_facts(samples, {"s0": ups, "s1": []})) == []
+
+
+def test_app_fault_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short mode every app kind twice; long mode a quarter of CHAOS_FAULTS; or its own."""
+    monkeypatch.delenv("CHAOS_FAULTS", raising=False)
+    monkeypatch.delenv("CHAOS_APP_FAULTS", raising=False)
+    assert app_fault_count() == 8
+    monkeypatch.setenv("CHAOS_FAULTS", "300")
+    assert app_fault_count() == 75
+    monkeypatch.setenv("CHAOS_APP_FAULTS", "12")
+    assert app_fault_count() == 12

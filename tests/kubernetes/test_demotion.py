@@ -285,6 +285,7 @@ async def test_every_transition_is_an_event_about_the_lease(
                 1.2, 2.0, True, "renew timed out after 0.333s", status("app-0_aaaa", leader=True)
             )
         )
+        await events.app_alone(LEASE, "answered 503")
     finally:
         await api.close()
     recorded = fake.cluster.list(EVENTS, NAMESPACE)
@@ -308,6 +309,12 @@ async def test_every_transition_is_an_event_about_the_lease(
             "LeaseRenewalGap",
             "app-0_aaaa: 1.20s without a confirmed renewal on a 2s lease (still growing); last "
             "error: renew timed out after 0.333s",
+        ),
+        (
+            "Warning",
+            "AppDownNoSuccessor",
+            "app-0_aaaa keeps leading with its app down: no other replica's app is up to hand "
+            "the lease to; the app: answered 503",
         ),
     ]
     for event in recorded:

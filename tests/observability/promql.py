@@ -12,7 +12,8 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.metrics import Metrics
+from sidecar.app_check import CHECK_OUTCOMES
+from sidecar.metrics import AppMetrics, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "sidecar" / "prometheus" / "rules.yaml"
@@ -67,11 +68,26 @@ def metric_names(expr: str) -> set[str]:
     return set(METRIC_NAME.findall(expr))
 
 
+class _OnHold:
+    """A lease on an operator's hold, as its elector shows it at scrape time."""
+
+    def is_leader(self) -> bool:
+        return False
+
+    def seconds_since_renewal(self) -> float:
+        return 0.0
+
+    def hold_shown(self) -> tuple[float, float] | None:
+        return 10.0, 3600.0
+
+
 def exported_series_names() -> set[str]:
     """Every series name a sidecar exports (histograms as _bucket/_sum/_count)."""
     registry = CollectorRegistry()
     metrics = Metrics(registry, "default", 15.0)
     metrics.store_request("renew", "ok", 0.001)  # the latency histogram appears on first use
+    metrics.bind(_OnHold())  # the hold's series appear only for a lease on hold
+    AppMetrics(registry, lambda: True, lambda: 0.0, CHECK_OUTCOMES, "default")  # an app check
     text = generate_latest(registry).decode()
     return {
         sample.name

@@ -28,6 +28,9 @@ class Leading:
     def seconds_since_renewal(self) -> float:
         return 1.0
 
+    def hold_shown(self) -> tuple[float, float] | None:
+        return None  # not on hold: the hold's families have no series
+
 
 def largest_exposition(*argv: str) -> tuple[int, int]:
     """(series, bytes) of the sidecar's registry once every label value has been used."""
@@ -104,7 +107,8 @@ def test_the_per_lease_families_scrape_without_prometheus_clients_private_switch
     make("jobs").bind(Leading())
     monkeypatch.delattr(prometheus_client.metrics, "_use_created")
     collectors = [c for c in registry._collector_to_names if isinstance(c, _PerLease)]
-    assert len(collectors) == 5  # (one the old name of a renamed gauge, for one release)
+    # (two only for a lease on hold, one the old name of a renamed gauge for one release)
+    assert len(collectors) == 7
     samples = {s.name for c in collectors for family in c.collect() for s in family.samples}
     assert "leader_sidecar_is_leader" in samples
     assert "leader_sidecar_renewal_gap_over_half_lease_created" in samples

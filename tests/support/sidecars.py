@@ -143,6 +143,10 @@ class SidecarProcess:
     def leader_url(self) -> str:
         return f"http://{self.local}/leader"
 
+    @property
+    def public_leader_url(self) -> str:
+        return f"http://{self.public}/leader"
+
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
 
@@ -222,7 +226,12 @@ class LeaderObserver:
     sidecar (a paused sidecar's request waits for it to resume: its answer is then the first
     one it gives after resuming)."""
 
-    def __init__(self, sidecars: Sequence[SidecarProcess], interval: float = 0.01) -> None:
+    def __init__(
+        self, sidecars: Sequence[SidecarProcess], interval: float = 0.01, *, public: bool = False
+    ) -> None:
+        """``public``: ask the public listener, so that the observer's calls are not the app's
+        heartbeat (``--app-heartbeat`` counts calls to the localhost API)."""
+        self.public = public
         self.sidecars = list(sidecars)
         self.interval = interval
         self.samples: list[Sample] = []
@@ -257,7 +266,8 @@ class LeaderObserver:
             status: int | None = None
             body: dict[str, Any] | None = None
             try:
-                async with self._session.get(sidecar.leader_url) as response:
+                url = sidecar.public_leader_url if self.public else sidecar.leader_url
+                async with self._session.get(url) as response:
                     status = response.status
                     body = await response.json()
             except (TimeoutError, aiohttp.ClientError, ValueError):
@@ -338,8 +348,10 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]], rounds: int = 20) 
 
 
 @contextlib.asynccontextmanager
-async def observing(sidecars: Sequence[SidecarProcess]) -> AsyncIterator[LeaderObserver]:
-    async with LeaderObserver(sidecars) as observer:
+async def observing(
+    sidecars: Sequence[SidecarProcess], *, public: bool = False
+) -> AsyncIterator[LeaderObserver]:
+    async with LeaderObserver(sidecars, public=public) as observer:
         yield observer
         observer.assert_never_two_leaders()
 

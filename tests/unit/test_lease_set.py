@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.app_check import AppCheck
 from sidecar.backends.base import Candidate
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.config import Timing
@@ -63,9 +64,17 @@ class Cluster:
         self._observer: asyncio.Task[None] | None = None
 
     async def start(
-        self, name: str, *, revision: str = "", priority: int = 0, follows: bool = True
+        self,
+        name: str,
+        *,
+        revision: str = "",
+        priority: int = 0,
+        follows: bool = True,
+        app: AppCheck | None = None,
+        count_handover: Callable[[str], None] = lambda reason: None,
     ) -> LeaseSet:
-        """``follows=False``: a store that cannot follow the candidate group (SQLite)."""
+        """``follows=False``: a store that cannot follow the candidate group (SQLite).
+        ``app``: leadership follows that app check (`LeaseSet.use_app`)."""
         registry = CollectorRegistry()
         lease_set = LeaseSet.open(
             MemoryStoreClient(self.server),
@@ -87,6 +96,8 @@ class Cluster:
 
             lease_set.beat.registry.changes = never  # type: ignore[method-assign]
             lease_set.beat.registry.following = lambda: False  # type: ignore[method-assign]
+        if app is not None:
+            lease_set.use_app(app, count_handover)
         await lease_set.prime(0.1)
         self.sets[name] = lease_set
         self.tasks[name] = asyncio.create_task(lease_set.run())

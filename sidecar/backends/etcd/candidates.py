@@ -63,6 +63,7 @@ def decode(kv: KeyValue, prefix: bytes) -> Candidate:
         leaving=raw.get("leaving", False),
         started_at=raw.get("started_at"),
         beat_at=raw.get("beat_at"),
+        app=raw.get("app", ""),
     )
     if candidate.unreadable is None and kv.key != prefix + candidate.identity.encode():
         problem = f"identity {candidate.identity!r} written under another identity's key"
@@ -91,6 +92,7 @@ class EtcdCandidates:
                 "revision": candidate.revision,
                 "priority": candidate.priority,
                 "leaving": candidate.leaving,
+                "app": candidate.app,
                 "started_at": _iso(candidate.started_at),
                 "beat_at": wall.isoformat(),
             }

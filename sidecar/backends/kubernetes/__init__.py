@@ -185,6 +185,16 @@ def gap_alert_listener(
     return _lease_events(config, *_api_of(config, store), refusing, stores).gap
 
 
+def app_alone_listener(
+    config: Config,
+    store: LeaseStore,
+    refusing: Callable[[], bool] = lambda: False,
+    stores: Mapping[str, LeaseStore] | None = None,
+) -> Callable[[str, str | None], Awaitable[None]]:
+    """A Warning Event for a lease led with the app down and no other app up."""
+    return _lease_events(config, *_api_of(config, store), refusing, stores).app_alone
+
+
 def _lease_events(
     config: Config,
     api: KubeApi,

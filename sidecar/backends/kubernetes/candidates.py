@@ -60,6 +60,7 @@ def encode(candidate: Candidate, version: str, beat_at: datetime) -> str:
             "revision": candidate.revision,
             "priority": candidate.priority,
             "leaving": candidate.leaving,
+            "app": candidate.app,
             "started_at": started,
             "beat": beat_at.isoformat(),
         },
@@ -84,6 +85,7 @@ def decode(key: str, value: object) -> Candidate:
         leaving=raw.get("leaving", False),
         started_at=raw.get("started_at"),
         beat_at=raw.get("beat"),
+        app=raw.get("app", ""),
     )
     if candidate.unreadable is None and annotation_key(candidate.identity) != key:
         problem = f"identity {candidate.identity!r} written under another identity's key"

@@ -39,6 +39,7 @@ logger = logging.getLogger("sidecar.kubernetes")
 COMPONENT = "leader-sidecar"
 REASON = "LeaderElection"  # client-go's reason, so existing queries find ours too
 GAP_REASON = "LeaseRenewalGap"
+APP_DOWN_REASON = "AppDownNoSuccessor"
 RETRIES = 10
 """Tries after the first, at most (client-go's REST client: 10)."""
 FIRST_DELAY = 0.1
@@ -60,13 +61,16 @@ _STOPPED = {
     ),
     "released": ("Normal", "released on request"),
     "shutdown": ("Normal", "released on shutdown"),
+    "app_down": ("Warning", "handed over: this pod's app is down"),
+    "drain": ("Normal", "handed over on shutdown once the app had stopped"),
+    "hold": ("Warning", "stopped by an operator's hold (leader-sidecar hold)"),
 }
 
 
 def pod_of(identity: str | None) -> str | None:
     """The pod name inside an identity ``<pod>_<suffix>``."""
-    if not identity or "_" not in identity:
-        return None
+    if not identity or "_" not in identity or "/" in identity:
+        return None  # (a loss marker or an operator's hold: no pod)
     return identity.rpartition("_")[0] or None
 
 
@@ -219,6 +223,20 @@ class LeaseEvents:
             )
         except Exception as exc:
             log(logger, "warning", "could not record the renewal-gap Event", error=str(exc))
+
+    async def app_alone(self, lease: str, why: str | None) -> None:
+        """A Warning Event: this replica leads ``lease`` with its app down, and no other
+        replica's app is up to hand it to (leadership follows the app)."""
+        message = (
+            f"{self.identity} keeps leading with its app down: no other replica's app is up "
+            "to hand the lease to"
+        )
+        if why:
+            message += f"; the app: {why}"
+        try:
+            await self.record("Warning", APP_DOWN_REASON, message[:1024], "AppDown", about=lease)
+        except Exception as exc:
+            log(logger, "warning", "could not record the app-down Event", error=str(exc))
 
     async def record(
         self, kind: str, reason: str, message: str, action: str, *, about: str | None = None

@@ -59,6 +59,7 @@ class RedisCandidates:
                 "revision": candidate.revision,
                 "priority": candidate.priority,
                 "leaving": candidate.leaving,
+                "app": candidate.app,
                 "started_at": _iso(candidate.started_at),
                 "beat_at": wall.isoformat(),
                 "gc_at_ms": now_ms + ms(max(self.GC_MIN, self.GC_LEASES * duration)),
@@ -125,6 +126,7 @@ def _candidate(identity: str, value: str) -> Candidate:
         leaving=data.get("leaving", False),
         started_at=data.get("started_at"),
         beat_at=data.get("beat_at"),
+        app=data.get("app", ""),
     )
 
 

@@ -47,6 +47,7 @@ class SQLiteCandidates:
             "revision": candidate.revision,
             "priority": candidate.priority,
             "leaving": int(candidate.leaving),
+            "app": candidate.app,
             "started_at": _stamp(candidate.started_at) if candidate.started_at else None,
             "beat_at": _stamp(now),
             "cutoff": _stamp(now - timedelta(seconds=FORGET_AFTER_LEASES * duration)),
@@ -97,6 +98,7 @@ def _candidates(rows: list[Any]) -> list[Candidate]:
             leaving=leaving,
             started_at=started_at,
             beat_at=beat_at,
+            app=app,
         )
-        for identity, version, revision, priority, leaving, started_at, beat_at in rows
+        for identity, version, revision, priority, leaving, started_at, beat_at, app in rows
     ]

@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS leases (
 # Files written before issue 11 lack the column: added in place, rows and terms kept.
 ADD_SUCCESSOR = "ALTER TABLE leases ADD COLUMN successor TEXT"
 ADD_HANDED = "ALTER TABLE leases ADD COLUMN handed TEXT"
+# A candidate's app state (up, down, or '' without an app check), for `status`.
+ADD_APP = "ALTER TABLE candidates ADD COLUMN app TEXT NOT NULL DEFAULT ''"
 
 CANDIDATES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS candidates (
@@ -43,6 +45,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     started_at TEXT,               -- wall clock, for humans and ordering among equals
     beat_at    TEXT NOT NULL,      -- wall clock of the last beat: humans and garbage collection
     version    INTEGER NOT NULL,   -- new on every beat; liveness is observed from it
+    app        TEXT NOT NULL DEFAULT '',  -- up | down | '' (no app check): for humans
     PRIMARY KEY ("group", identity)
 )
 """
@@ -197,17 +200,18 @@ FROM ({_LIVE}) AS live
 WHERE sidecar_watched.name = live.name
 """
 
-CANDIDATE_COLUMNS = "identity, version, revision, priority, leaving, started_at, beat_at"
+CANDIDATE_COLUMNS = "identity, version, revision, priority, leaving, started_at, beat_at, app"
 
 BEAT = f"""
 INSERT INTO candidates ("group", identity, revision, priority, leaving, started_at, beat_at,
-                        version)
+                        version, app)
 VALUES (:group, :identity, :revision, :priority, :leaving, :started_at, :beat_at,
-        coalesce(:version, {NEW_VERSION}))
+        coalesce(:version, {NEW_VERSION}), :app)
 ON CONFLICT ("group", identity) DO UPDATE SET
     revision = excluded.revision,
     priority = excluded.priority,
     leaving = excluded.leaving,
+    app = excluded.app,
     started_at = excluded.started_at,
     beat_at = excluded.beat_at,
     version = excluded.version
@@ -291,6 +295,11 @@ def set_up(conn: sqlite3.Connection, busy_timeout: float) -> None:
                 if "handed" not in columns:
                     conn.execute(ADD_HANDED)
                 conn.execute(CANDIDATES_SCHEMA)
+                candidate_columns = {
+                    row[1] for row in conn.execute("PRAGMA table_info(candidates)")
+                }
+                if "app" not in candidate_columns:
+                    conn.execute(ADD_APP)
             return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:
