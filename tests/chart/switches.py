@@ -168,6 +168,26 @@ SWITCHES: dict[str, dict[str, Any]] = {
         },
         "priority": 10,
     },
+    "app-health": {  # leadership follows the app: every app value set
+        **EXAMPLE,
+        "app": {
+            "health": {
+                "path": "/healthz",
+                "port": 8080,
+                "period": "2s",
+                "timeout": "500ms",
+                "failures": 5,
+                "successes": "2",
+            },
+            "heartbeat": "30s",
+            "drainTimeout": "20s",
+        },
+    },
+    "app-heartbeat-native": {  # the heartbeat alone, the app stopping before the sidecar
+        **EXAMPLE,
+        "nativeSidecar": True,
+        "app": {"heartbeat": "10s", "drainTimeout": 0},
+    },
     "extras": {
         **EXAMPLE,
         "extraArgs": ["--log-level", "warning"],

@@ -75,6 +75,9 @@ def render(helm: Helm, switch: str) -> Rendered:
         elif item["name"] == "LEADER_SIDECAR_REVISION":
             assert field == "metadata.labels['pod-template-hash']", item
             env[item["name"]] = "7d9c"
+        elif item["name"] == "POD_IP":  # only a health URL may name it
+            assert field == "status.podIP", item
+            env[item["name"]] = "10.0.1.7"
         else:
             assert (item["name"], field) == ("POD_NAME", "metadata.name"), item
     assert env["LEADER_SIDECAR_STORE"] == "kubernetes"

@@ -35,6 +35,7 @@ def environment(container: dict[str, Any]) -> dict[str, str]:
     fake = {
         "metadata.name": "demo-leader-sidecar-example-7d9c-x2x4q",
         "metadata.namespace": "apps",
+        "status.podIP": "10.0.1.7",
         "metadata.labels['pod-template-hash']": "7d9c",
     }
     environ: dict[str, str] = {}
@@ -143,11 +144,13 @@ def downward(container: dict[str, Any]) -> dict[str, str]:
 
 
 def test_pod_name_namespace_and_revision_come_from_the_downward_api(helm: Helm) -> None:
-    """The revision is the Deployment's pod-template-hash label: new pods of a rollout differ."""
+    """The revision is the Deployment's pod-template-hash label: new pods of a rollout differ.
+    POD_IP is the one address besides loopback --app-health-url may name."""
     container = sidecar(example(helm.template(values=SWITCHES["example"])))
     assert downward(container) == {
         "POD_NAME": "metadata.name",
         "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
         "LEADER_SIDECAR_REVISION": "metadata.labels['pod-template-hash']",
     }
 

@@ -114,6 +114,51 @@ SCHEMA_REJECTS: list[tuple[str, dict[str, Any], str]] = [
         {"metrics": {"podMonitor": {"interval": "1.5s"}}},
         "metrics.podMonitor.interval: Does not match pattern",
     ),
+    (
+        "app health path without the leading slash",
+        {"app": {"health": {"path": "healthz", "port": 8080}}},
+        "app.health.path: Does not match pattern",
+    ),
+    (
+        "app health port zero",
+        {"app": {"health": {"path": "/healthz", "port": 0}}},
+        "app.health.port: Must be greater than or equal to 1",
+    ),
+    (
+        "app health port out of range",
+        {"app": {"health": {"path": "/healthz", "port": 70000}}},
+        "app.health.port: Must be less than or equal to 65535",
+    ),
+    (
+        "app health port by name (the URL needs a number)",
+        {"app": {"health": {"path": "/healthz", "port": "http"}}},
+        "app.health.port: Does not match pattern",
+    ),
+    (
+        "app health period in Go syntax",
+        {"app": {"health": {"path": "/healthz", "port": 8080, "period": "1m30s"}}},
+        "app.health.period: Does not match pattern",
+    ),
+    (
+        "app health failures zero",
+        {"app": {"health": {"path": "/healthz", "port": 8080, "failures": 0}}},
+        "app.health.failures: Must be greater than or equal to 1",
+    ),
+    (
+        "app heartbeat zero",
+        {"app": {"heartbeat": 0}},
+        "app.heartbeat: Must be greater than 0",
+    ),
+    (
+        "negative drain timeout",
+        {"app": {"heartbeat": "10s", "drainTimeout": -1}},
+        "app.drainTimeout: Must be greater than or equal to 0",
+    ),
+    (
+        "misspelt app value",
+        {"app": {"health": {"url": "http://127.0.0.1:8080/healthz"}}},
+        "app.health: Additional property url is not allowed",
+    ),
 ]
 
 TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
@@ -267,6 +312,49 @@ TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
         "one port for both listeners",
         {"api": {"port": 4041}},
         "api.port and public.port are both 4041",
+    ),
+    (
+        "app health path without a port",
+        {"app": {"health": {"path": "/healthz"}}},
+        "app.health.path needs app.health.port (the sidecar checks "
+        "http://127.0.0.1:<port><path>); set both or neither",
+    ),
+    (
+        "app health port without a path",
+        {"app": {"health": {"port": 8080}}},
+        "app.health.port needs app.health.path (the sidecar checks "
+        "http://127.0.0.1:<port><path>); set both or neither",
+    ),
+    *(
+        (
+            f"app health port is the sidecar's {which}",
+            {"app": {"health": {"path": "/healthz", "port": port}}},
+            f"app.health.port {port} is the sidecar's own (api.port or public.port)",
+        )
+        for which, port in (("api", 4040), ("public listener", 4041))
+    ),
+    *(
+        (
+            f"app health {key} without the health check",
+            {"app": {"health": {key: value}, "heartbeat": "10s"}},
+            f"app.health.{key} applies only with app.health.path and app.health.port (the "
+            f"sidecar refuses --app-health-{key} without --app-health-url)",
+        )
+        for key, value in (
+            ("period", "2s"),
+            ("timeout", "500ms"),
+            ("failures", 5),
+            ("successes", 2),
+        )
+    ),
+    *(
+        (
+            f"drain timeout {value!r} without an app check",
+            {"app": {"drainTimeout": value}},
+            "app.drainTimeout needs app.health.path and app.health.port, or app.heartbeat: "
+            "without an app check the sidecar cannot tell when the app has stopped",
+        )
+        for value in ("30s", 0)
     ),
 ]
 

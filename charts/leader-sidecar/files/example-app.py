@@ -6,9 +6,16 @@
 # With several leases (lease.names, lease.shards) SIDECAR_URL ends in /leases: the app
 # long-polls it and, on every change and every few seconds, works on each shard its sidecar
 # holds, fencing that shard's writes with that shard's term (printed as one JSON line each).
+#
+# GET /healthz answers 200 while the app serves, without asking the sidecar: the endpoint for
+# app.health.path=/healthz, app.health.port=8080 (the sidecar then leads only beside a live
+# app). SIGTERM stops the app at once (as PID 1 it would otherwise ignore it until the grace
+# period's SIGKILL), so a draining leader sees its app stop and hands over.
 import http.server
 import json
 import os
+import signal
+import sys
 import threading
 import time
 import urllib.error
@@ -55,6 +62,9 @@ def work_on_held_shards():
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/healthz":
+            self.answer(json.dumps({"pod": POD, "up": True}).encode())
+            return
         state, _ = ask_sidecar()
         if SHARDED:
             held = [s["lease"] for s in state.get("leases", []) if s.get("leader")]
@@ -62,6 +72,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             body = json.dumps({"pod": POD, "leader": state.get("leader"), "sidecar": state})
             body = body.encode()
+        self.answer(body)
+
+    def answer(self, body):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -72,6 +85,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 if SHARDED:
     threading.Thread(target=work_on_held_shards, daemon=True).start()
 http.server.ThreadingHTTPServer(("", PORT), Handler).serve_forever()

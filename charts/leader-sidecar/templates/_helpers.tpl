@@ -180,3 +180,80 @@ leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 kubernetes
 {{- end -}}
 {{- end -}}
+
+{{/* --app-health-url: the app's health endpoint on loopback ("" without app.health.path). */}}
+{{- define "leader-sidecar.appHealthURL" -}}
+{{- with .Values.app.health -}}
+{{- if and .path .port -}}
+{{- printf "http://127.0.0.1:%d%s" (int .port) .path -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the sidecar checks its app (a health URL or a heartbeat), else "". */}}
+{{- define "leader-sidecar.appCheck" -}}
+{{- if or (include "leader-sidecar.appHealthURL" .) .Values.app.heartbeat -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+A duration value (15, 1.5, "1500ms", "2s", "1m", "1h"; values.schema.json's format) in
+seconds, as a string.
+*/}}
+{{- define "leader-sidecar.seconds" -}}
+{{- $text := toString . -}}
+{{- $number := regexReplaceAll "(ms|s|m|h)$" $text "" -}}
+{{- $unit := trimPrefix $number $text -}}
+{{- $scale := get (dict "" 1.0 "s" 1.0 "ms" 0.001 "m" 60.0 "h" 3600.0) $unit -}}
+{{- mulf (float64 $number) $scale -}}
+{{- end -}}
+
+{{/*
+Seconds the sidecar may spend draining on SIGTERM (--drain-timeout, default the lease duration
+with an app check), "0" without an app check.
+*/}}
+{{- define "leader-sidecar.drainSeconds" -}}
+{{- if include "leader-sidecar.appCheck" . -}}
+{{- $drain := .Values.app.drainTimeout -}}
+{{- if eq (toString $drain) "" -}}
+{{- $drain = .Values.lease.duration -}}
+{{- end -}}
+{{- include "leader-sidecar.seconds" $drain -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+
+{{/*
+Seconds after the app stops before its check says so (the sidecar's AppCheckSettings.down_within):
+failures x period + timeout with a health URL, the heartbeat with one; the longer.
+*/}}
+{{- define "leader-sidecar.appDownWithin" -}}
+{{- $within := 0.0 -}}
+{{- with .Values.app -}}
+{{- if include "leader-sidecar.appHealthURL" $ -}}
+{{- $period := include "leader-sidecar.seconds" (.health.period | default 1) | float64 -}}
+{{- $timeout := include "leader-sidecar.seconds" (.health.timeout | default 1) | float64 -}}
+{{- $within = addf (mulf (.health.failures | default 3 | float64) $period) $timeout -}}
+{{- end -}}
+{{- with .heartbeat -}}
+{{- $within = maxf $within (include "leader-sidecar.seconds" . | float64) -}}
+{{- end -}}
+{{- end -}}
+{{- $within -}}
+{{- end -}}
+
+{{/*
+Whole seconds the example pod needs to stop: the sidecar's up to 2 s hand-over after its drain.
+Without nativeSidecar the app and the sidecar get SIGTERM together and the drain may last
+drainSeconds; with it the app (which exits on SIGTERM) has stopped first, so the drain lasts
+until the check sees that: at most appDownWithin.
+*/}}
+{{- define "leader-sidecar.exampleStopSeconds" -}}
+{{- $drain := include "leader-sidecar.drainSeconds" . | float64 -}}
+{{- if .Values.nativeSidecar -}}
+{{- $drain = minf $drain (include "leader-sidecar.appDownWithin" . | float64) -}}
+{{- end -}}
+{{- add (ceil $drain | int) 2 -}}
+{{- end -}}

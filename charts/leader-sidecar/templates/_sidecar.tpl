@@ -106,6 +106,11 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+# The pod's own address, which --app-health-url may name besides loopback.
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
 - name: LEADER_SIDECAR_STORE
   value: {{ include "leader-sidecar.storeURL" . | quote }}
 - name: LEADER_SIDECAR_LEASE
@@ -207,6 +212,37 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   value: {{ .process | quote }}
 - name: LEADER_SIDECAR_SIGNAL
   value: {{ .name | quote }}
+{{- end }}
+{{- end }}
+{{- with .Values.app }}
+{{- if and .health.path .health.port }}
+- name: LEADER_SIDECAR_APP_HEALTH_URL
+  value: {{ include "leader-sidecar.appHealthURL" $ | quote }}
+{{- with .health.period }}
+- name: LEADER_SIDECAR_APP_HEALTH_PERIOD
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .health.timeout }}
+- name: LEADER_SIDECAR_APP_HEALTH_TIMEOUT
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .health.failures }}
+- name: LEADER_SIDECAR_APP_HEALTH_FAILURES
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with .health.successes }}
+- name: LEADER_SIDECAR_APP_HEALTH_SUCCESSES
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- end }}
+{{- with .heartbeat }}
+- name: LEADER_SIDECAR_APP_HEARTBEAT
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- /* 0 is a value here (no drain), so "set" is "not the empty string". */}}
+{{- if ne (toString .drainTimeout) "" }}
+- name: LEADER_SIDECAR_DRAIN_TIMEOUT
+  value: {{ .drainTimeout | toString | quote }}
 {{- end }}
 {{- end }}
 {{- if and (eq .Values.store.type "kubernetes") .Values.kubeconfig.existingSecret }}

@@ -102,6 +102,28 @@ whether the chart is installed on its own or as a dependency.
 {{- fail "leader-sidecar: with serviceAccount.create=false set serviceAccount.name to the ServiceAccount your pods use; the chart will not grant lease rights to the namespace's default account" -}}
 {{- end -}}
 
+{{- with $v.app -}}
+{{- if and .health.path (not .health.port) -}}
+{{- fail "leader-sidecar: app.health.path needs app.health.port (the sidecar checks http://127.0.0.1:<port><path>); set both or neither" -}}
+{{- end -}}
+{{- if and .health.port (not .health.path) -}}
+{{- fail "leader-sidecar: app.health.port needs app.health.path (the sidecar checks http://127.0.0.1:<port><path>); set both or neither" -}}
+{{- end -}}
+{{- if and .health.port (has (int .health.port) (list (int $v.api.port) (int $v.public.port))) -}}
+{{- fail (printf "leader-sidecar: app.health.port %v is the sidecar's own (api.port or public.port); set the port of the app's health endpoint" .health.port) -}}
+{{- end -}}
+{{- if not .health.path -}}
+{{- range $key := list "period" "timeout" "failures" "successes" -}}
+{{- if ne (toString (index $v.app.health $key)) "" -}}
+{{- fail (printf "leader-sidecar: app.health.%s applies only with app.health.path and app.health.port (the sidecar refuses --app-health-%s without --app-health-url); set those or leave app.health.%s empty" $key $key $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (ne (toString .drainTimeout) "") (not (include "leader-sidecar.appCheck" $)) -}}
+{{- fail "leader-sidecar: app.drainTimeout needs app.health.path and app.health.port, or app.heartbeat: without an app check the sidecar cannot tell when the app has stopped, and refuses a --drain-timeout above 0 (0 changes nothing); set one or leave app.drainTimeout empty" -}}
+{{- end -}}
+{{- end -}}
+
 {{- if and (eq (int $v.api.port) (int $v.public.port)) (ne (int $v.api.port) 0) -}}
 {{- fail (printf "leader-sidecar: api.port and public.port are both %v; the localhost API and the public listener need different ports" $v.api.port) -}}
 {{- end -}}
