@@ -163,6 +163,13 @@ def test_every_rule_evaluates_without_error(stack: Stack) -> None:
         prom.query(rule["expr"])  # raises with Prometheus's error message on failure
 
 
+ONLY_IN_SOME_STATES = {
+    "leader_sidecar_app_down_leading_seconds",
+    "leader_sidecar_hold_seconds",
+    "leader_sidecar_hold_duration_seconds",
+}
+
+
 def test_every_query_reads_only_scraped_metrics_and_returns_data(stack: Stack) -> None:
     """Each metric a rule or a dashboard query names exists in Prometheus, and each dashboard
     query returns series (with every variable at "All"): no panel is silently empty."""
@@ -174,7 +181,9 @@ def test_every_query_reads_only_scraped_metrics_and_returns_data(stack: Stack) -
 
     scraped = poll(scraped_names, FIRST_SCRAPE, "metric names")
     for rule in alerting_rules():
-        missing = metric_names(rule["expr"]) - scraped
+        # Series that exist only in a state these sidecars are not in: an app check
+        # configured, a lease on an operator's hold (test_rules checks they are exported then).
+        missing = metric_names(rule["expr"]) - scraped - ONLY_IN_SOME_STATES
         assert not missing, (rule["alert"], missing)
     for title, query in dashboard_queries():
         missing = metric_names(query) - scraped
