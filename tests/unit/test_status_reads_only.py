@@ -68,3 +68,28 @@ def test_status_of_a_store_that_does_not_answer_prints_one_line(tmp_path: Path) 
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("leader-sidecar status: the store did not answer: redis ")
+
+
+def test_status_reads_a_file_from_before_the_app_column_without_migrating_it(
+    tmp_path: Path,
+) -> None:
+    """A file a sidecar of an older version wrote (no ``app`` column in ``candidates``): the
+    reader shows its candidates with no app state, and changes nothing."""
+    import sqlite3
+
+    db = tmp_path / "leases.db"
+
+    async def one_candidate() -> None:
+        client = SQLiteStoreClient(str(db))
+        await client.candidates("default").beat(Candidate("a_1", "7"), 15.0)
+        await client.close()
+
+    asyncio.run(one_candidate())
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE candidates DROP COLUMN app")
+    before = digest(db)
+    result = run_cli("status", "--store", f"sqlite:///{db}", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    (candidate,) = json.loads(result.stdout)["candidates"]
+    assert (candidate["identity"], candidate["app"]) == ("a_1", None)
+    assert digest(db) == before

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate
-from sidecar.backends.sqlite.schema import BEAT, FORGET_SILENT, LEAVE, LIST, transaction
+from sidecar.backends.sqlite.schema import (
+    BEAT,
+    FORGET_SILENT,
+    LEAVE,
+    LIST,
+    LIST_WITHOUT_APP,
+    transaction,
+)
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteStoreClient
@@ -65,7 +72,13 @@ class SQLiteCandidates:
 
     async def list(self) -> list[Candidate]:
         def fetch(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(LIST, {"group": self.group}).fetchall()
+            try:
+                return conn.execute(LIST, {"group": self.group}).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such column: app" not in str(exc):
+                    raise
+                # A file no sidecar of this version has opened yet (`status` never migrates).
+                return conn.execute(LIST_WITHOUT_APP, {"group": self.group}).fetchall()
 
         return _candidates(await self.client.connection.run(fetch))
 

@@ -227,6 +227,12 @@ LIST = f"""
 SELECT {CANDIDATE_COLUMNS} FROM candidates WHERE "group" = :group ORDER BY identity
 """
 
+# A file written before the app column, read by a command that never migrates (`status`).
+LIST_WITHOUT_APP = f"""
+SELECT {CANDIDATE_COLUMNS.removesuffix(", app")}, '' FROM candidates WHERE "group" = :group
+ORDER BY identity
+"""
+
 LEAVE = """
 DELETE FROM candidates WHERE "group" = :group AND identity = :identity
 """
