@@ -171,6 +171,7 @@ class Elector:
         "_published",
         "_renewal_out",
         "_reported_version",
+        "_retry_not_before",
         "_rng",
         "_role",
         "_role_since",
@@ -242,6 +243,9 @@ class Elector:
         # When the renewal now in flight was sent (alone or in a batch): a gap alert raised
         # while it is out says so instead of "no error" (the store has not answered yet).
         self._renewal_out: float | None = None
+        # A failed renewal's Retry-After, as a monotonic moment: the store's answering another
+        # request (`store_answers`) does not bring a retry before it.
+        self._retry_not_before = float("-inf")
         self._last_store_answer = float("-inf")
         self._last_other_holder: str | None = None  # the last holder seen that was not us
         self._reported_version: str | None = None  # the last bad record logged and counted
@@ -396,6 +400,19 @@ class Elector:
         (`LeaseSet.drain`). Only stopping leads here; nothing unmutes."""
         self._muted = True
         self._publish()
+
+    def store_answers(self) -> None:
+        """The store answered another request — the sidecar's probe, a watch that resumed
+        after a reconnection: a leader whose renewal failed renews now, not a retry period
+        later, so that a deadline still ahead keeps its term (a PostgreSQL failover answered
+        0.8 s before the deadline and the leader demoted at it, then took its lease back under
+        a new term). Never before a ``Retry-After`` the store gave, nor beside a renewal in
+        flight."""
+        if self._role is not Role.LEADER or self._on_beat or self._stopping:
+            return
+        now = self._clock.now()
+        if self._renewal_out is None and now >= self._retry_not_before and now < self._next_attempt:
+            self._ask_for_attempt(now)
 
     def use_probe(self, probe: StoreProbe) -> None:
         """Wait for ``probe`` while the store refuses (see `sidecar.probe`); the owner pokes
@@ -641,8 +658,10 @@ class Elector:
         room = self._valid_until - now
         delay = self._retry_delay()
         retry_after = failed.retry_after if isinstance(failed, StoreUnavailable) else None
+        self._retry_not_before = float("-inf")
         if retry_after is not None:
             delay = max(delay, min(retry_after, room - self.timing.request_timeout))
+            self._retry_not_before = now + min(retry_after, room - self.timing.request_timeout)
         return min(delay, room)
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
@@ -1136,6 +1155,8 @@ class Elector:
                 # our grant: the others may lead now, so stop at once (rule 5).
                 self._demote(_taken_by(record))
                 self._ask_for_attempt(now + self._follower_delay())
+            else:
+                self.store_answers()  # our grant, read again: a renewal that failed goes now
             return
         if self._loss_to_write_down() is not None:
             # Write the loss down soon (a little spread: the first marker stops the others).

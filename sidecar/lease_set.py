@@ -204,9 +204,11 @@ class LeaseSet:
         self.probe.on_back(self._store_back)
 
     def _store_back(self) -> None:
-        """The store answers again: every elector waiting for it tries now, the beat too."""
+        """The store answers again: every elector waiting for it tries now — a leader whose
+        renewal failed renews at once —, the beat too."""
         for elector in self.electors.values():
             elector.poke()
+            elector.store_answers()
         if self.beat is not None:
             self.beat.wake()
 
