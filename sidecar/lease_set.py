@@ -658,7 +658,7 @@ class LeaseSet:
         """Hand every lease held to the best replica whose app is up. False: none is."""
         held = self.held()
         await self._fresh_candidates(self.primary.timing.request_timeout)
-        successors = self._successors(held)
+        successors = self._successors(held) or self._pending_successors(held)
         if not successors:
             now = self._clock.now()
             if self._app_alone_since is None:
@@ -686,6 +686,22 @@ class LeaseSet:
         for _ in released:
             self.count_handover(reason)
         return bool(released)
+
+    def _pending_successors(self, leases: list[str]) -> dict[str, str]:
+        """With no live replica to hand over to: one seen with a single version so far whose
+        record says its app is up (a leader that has just started, or follows a store whose
+        candidates are not streamed, has read the group once; the next beat that proves it
+        alive may be a beat interval away). Keeping the lease for an app that is down leaves
+        the job undone for sure; such a record may be stale, which leaves it undone for a
+        lease at most — the same, never worse (liveness only: the grant is conditional as
+        ever)."""
+        if self.beat is None:
+            return {}
+        pending = [c for c in self.beat.view.pending(self._clock.now()) if c.app in ("up", "")]
+        if not pending:
+            return {}
+        best = max(pending, key=successor_order(self.beat.view.me))
+        return {lease: best.identity for lease in leases}
 
     @property
     def app_down_alone_seconds(self) -> float:

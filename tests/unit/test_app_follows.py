@@ -274,3 +274,27 @@ async def test_a_transfer_to_a_replica_whose_app_is_down_is_refused_saying_so(cl
     with pytest.raises(TransferRefused, match="b has its app down"):
         await a.set.transfer(None, "b")
     assert a.leads
+
+
+async def test_a_leader_that_has_seen_the_only_other_replica_once_still_hands_over_to_it(
+    cluster_of,
+) -> None:
+    """A leader that has just started (or reads a group no stream keeps current, as on
+    SQLite) may have seen the other replica's record once: not yet live. With its own app
+    down, keeping the lease leaves the job undone for sure; the replica whose record says its
+    app is up takes it at once."""
+    cluster = cluster_of(1)
+    a = await start(cluster, "a", app_up=True)
+    await cluster.until(lambda: a.leads, LEASE, "a leads")
+    b = await start(cluster, "b", app_up=True)
+    assert a.set.beat is not None
+    registry = a.set.beat.registry
+    registry.following = lambda: False  # type: ignore[method-assign]
+    # What a leader that has read the group once knows: b's record as it is now, seen once.
+    a.set.beat.view._seen.pop("b_0000", None)
+    a.set.beat.view.observe(await registry.list(), cluster.sets["a"]._clock.now())
+    assert [c.identity for c in a.set.beat.view.pending(a.set._clock.now())] == ["b_0000"]
+    a.app.become(False)
+    waited = await cluster.until(lambda: b.leads, LEASE, "b leads")
+    assert waited < 0.25  # not after b's next beats were seen
+    assert cluster.violations == []
