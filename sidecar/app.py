@@ -22,11 +22,12 @@ from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config, ConfigError, HostPort
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
-from sidecar.elector import Elector, GapAlert
+from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import AppMetrics, for_config
+from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar")

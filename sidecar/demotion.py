@@ -19,8 +19,8 @@ import signal as signals
 from pathlib import Path
 from typing import Protocol
 
-from sidecar.elector import Role, Transition
 from sidecar.logs import log
+from sidecar.status import Role, Transition
 
 logger = logging.getLogger("sidecar.demotion")
 

@@ -26,13 +26,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
-import enum
-import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 from sidecar.backends.base import (
@@ -48,12 +44,13 @@ from sidecar.backends.base import (
     lost_grant,
     room_for_marker,
 )
-from sidecar.clock import SYSTEM_CLOCK, Clock, iso_utc
+from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
+from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from sidecar.supervisor import Supervisor
 
 T = TypeVar("T")
@@ -70,67 +67,6 @@ async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) ->
         loop,
     )
     return await asyncio.wrap_future(future)
-
-
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    LEADER = "leader"
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaderStatus:
-    """What ``GET /leader`` answers, computed at the moment of the request."""
-
-    leader: bool
-    identity: str
-    holder: str | None
-    term: int
-    lease: str
-    lease_duration: float
-    valid_for: float
-    since: datetime | None
-
-    @property
-    def etag(self) -> str:
-        """Changes exactly when the leader flag, the holder or the term changes."""
-        key = f"{int(self.leader)}|{self.holder or ''}|{self.term}".encode()
-        return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "leader": self.leader,
-            "identity": self.identity,
-            "holder": self.holder,
-            "term": self.term,
-            "lease": self.lease,
-            "lease_duration_seconds": self.lease_duration,
-            "valid_for_seconds": round(self.valid_for, 3),
-            "since": iso_utc(self.since),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Transition:
-    """A role change, handed to the demotion actions."""
-
-    role: Role
-    reason: str  # acquired | lost | deadline | released | shutdown
-    status: LeaderStatus
-    previous_holder: str | None  # who held the lease before we took it (acquired only)
-    settled: asyncio.Event | None = None
-    """A step down on purpose (a release or hand-over): set once the store answered it. The
-    actions that talk to the store's API server wait for it (`sidecar.demotion`)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GapAlert:
-    """A renewal gap past half the lease: finished (``growing`` False) or still growing."""
-
-    gap: float
-    lease_duration: float
-    growing: bool
-    last_error: str | None
-    status: LeaderStatus
 
 
 def _taken_by(record: LeaseRecord | None) -> str:

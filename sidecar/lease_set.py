@@ -25,12 +25,13 @@ from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Timing
-from sidecar.elector import Elector, LeaderStatus, Role, Transition, on_loop
+from sidecar.elector import Elector, on_loop
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
 from sidecar.probe import StoreProbe
 from sidecar.schedule import Batching, Scheduler
+from sidecar.status import LeaderStatus, Role, Transition
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.leases")

@@ -38,7 +38,8 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.elector import Elector, Role, no_scheduler
+from sidecar.elector import Elector, no_scheduler
+from sidecar.status import Role
 
 logger = logging.getLogger("sidecar.schedule")
 

@@ -29,7 +29,7 @@ from sidecar.backends.kubernetes.demotion import (
     pod_of,
 )
 from sidecar.config import ConfigError, load
-from sidecar.elector import GapAlert, LeaderStatus, Role, Transition
+from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import EVENTS, LEASES, PODS
 from tests.kubernetes.conftest import LEASE, NAMESPACE, StoreFactory

@@ -13,9 +13,9 @@ import pytest
 
 from sidecar.app_check import AppCheck, AppCheckSettings
 from sidecar.backends.memory import MemoryStoreClient
-from sidecar.elector import Role, Transition
 from sidecar.hold import hold, resume
 from sidecar.lease_set import LeaseSet, TransferRefused
+from sidecar.status import Role, Transition
 from tests.unit.test_lease_set import TIMING, Cluster
 
 LEASE = TIMING.lease_duration

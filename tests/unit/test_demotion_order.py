@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from sidecar.demotion import ActionRunner
-from sidecar.elector import LeaderStatus, Role, Transition
+from sidecar.status import LeaderStatus, Role, Transition
 from tests.unit.test_elector import World, store_of, world  # noqa: F401
 
 

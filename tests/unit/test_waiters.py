@@ -8,8 +8,9 @@ import contextlib
 
 from sidecar.api import create_local_app
 from sidecar.backends.memory import MemoryLeaseState
-from sidecar.elector import Elector, LeaderStatus
+from sidecar.elector import Elector
 from sidecar.limits import Limits
+from sidecar.status import LeaderStatus
 from tests.unit.test_api import TIMING, client_for, make_elector
 
 WAITERS = 100

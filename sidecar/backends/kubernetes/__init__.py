@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sidecar.backends.kubernetes.demotion import LeaseEvents
     from sidecar.config import Config
     from sidecar.demotion import Action
-    from sidecar.elector import GapAlert
+    from sidecar.status import GapAlert
     from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.kubernetes")

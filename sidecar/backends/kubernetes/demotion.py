@@ -31,8 +31,8 @@ from typing import Any
 
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, Time, core_path
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.elector import GapAlert, Role, Transition
 from sidecar.logs import log
+from sidecar.status import GapAlert, Role, Transition
 
 logger = logging.getLogger("sidecar.kubernetes")
 

@@ -1,0 +1,75 @@
+"""The values the elector hands out — to the HTTP API, the demotion actions, the metrics and
+the stores' own actions (the Kubernetes pod label and Events) — in a module below the elector,
+so that none of them imports the state machine."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import hashlib
+from datetime import datetime
+from typing import Any
+
+from sidecar.clock import iso_utc
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    LEADER = "leader"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderStatus:
+    """What ``GET /leader`` answers, computed at the moment of the request."""
+
+    leader: bool
+    identity: str
+    holder: str | None
+    term: int
+    lease: str
+    lease_duration: float
+    valid_for: float
+    since: datetime | None
+
+    @property
+    def etag(self) -> str:
+        """Changes exactly when the leader flag, the holder or the term changes."""
+        key = f"{int(self.leader)}|{self.holder or ''}|{self.term}".encode()
+        return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "leader": self.leader,
+            "identity": self.identity,
+            "holder": self.holder,
+            "term": self.term,
+            "lease": self.lease,
+            "lease_duration_seconds": self.lease_duration,
+            "valid_for_seconds": round(self.valid_for, 3),
+            "since": iso_utc(self.since),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A role change, handed to the demotion actions."""
+
+    role: Role
+    reason: str  # acquired | lost | deadline | released | shutdown
+    status: LeaderStatus
+    previous_holder: str | None  # who held the lease before we took it (acquired only)
+    settled: asyncio.Event | None = None
+    """A step down on purpose (a release or hand-over): set once the store answered it. The
+    actions that talk to the store's API server wait for it (`sidecar.demotion`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GapAlert:
+    """A renewal gap past half the lease: finished (``growing`` False) or still growing."""
+
+    gap: float
+    lease_duration: float
+    growing: bool
+    last_error: str | None
+    status: LeaderStatus
