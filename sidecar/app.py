@@ -20,7 +20,8 @@ from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Config, ConfigError, HostPort
+from sidecar.config import Config, HostPort
+from sidecar.config_error import ConfigError
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from sidecar import logs
 from sidecar.binding import ListenFailed
-from sidecar.config import Config, ConfigError, load
+from sidecar.config import Config, load
+from sidecar.config_error import ConfigError
 from sidecar.redact import Scrubber, secret_values
 from sidecar.signals import Signals
 

@@ -45,13 +45,13 @@ from sidecar.backends.base import (
     room_for_marker,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Timing
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from sidecar.supervisor import Supervisor
+from sidecar.timing import Timing
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")

@@ -24,7 +24,6 @@ from sidecar.backends.base import Candidate, RenewsMany, StoreClient, StoreError
 from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Timing
 from sidecar.elector import Elector, on_loop
 from sidecar.logs import log
 from sidecar.metrics import Metrics
@@ -33,6 +32,7 @@ from sidecar.probe import StoreProbe
 from sidecar.schedule import Batching, Scheduler
 from sidecar.status import LeaderStatus, Role, Transition
 from sidecar.supervisor import Supervisor
+from sidecar.timing import Timing
 
 logger = logging.getLogger("sidecar.leases")
 

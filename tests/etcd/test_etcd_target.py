@@ -10,7 +10,8 @@ import pytest
 from sidecar.backends import open_client
 from sidecar.backends.etcd import EtcdStoreClient, parse_target
 from sidecar.backends.etcd.records import candidates_prefix, lease_key, range_end
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 
 
 def test_a_url_lists_the_endpoints_in_order_with_the_default_port_and_prefix() -> None:

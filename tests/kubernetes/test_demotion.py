@@ -28,7 +28,8 @@ from sidecar.backends.kubernetes.demotion import (
     PodRoleLabel,
     pod_of,
 )
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from tests.fakekube import FakeApiServer
 from tests.fakekube.wire import EVENTS, LEASES, PODS

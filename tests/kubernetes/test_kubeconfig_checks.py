@@ -20,7 +20,8 @@ from sidecar.backends.kubernetes.kubeconfig import (
     TokenFile,
     header_key_escape,
 )
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 from tests.redis.servers import TlsFiles
 from tests.support.tools import REPO
 

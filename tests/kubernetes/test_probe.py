@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.backends.kubernetes import KubernetesStoreClient
 from sidecar.backends.kubernetes.client import KubeApi
-from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 from tests.fakekube import FakeApiServer
 from tests.kubernetes.conftest import NAMESPACE
 from tests.kubernetes.test_watch import until

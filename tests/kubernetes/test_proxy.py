@@ -11,7 +11,8 @@ from sidecar.backends.kubernetes import open_kubernetes_client
 from sidecar.backends.kubernetes.client import CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
 from sidecar.backends.kubernetes.proxy import Proxy, ProxyError, from_environment, use_proxy
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 from tests.fakekube import FakeApiServer
 from tests.kubernetes.conftest import LEASE, NAMESPACE
 from tests.kubernetes.test_client import serve

@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Timing
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.status import GapAlert, Role
+from sidecar.timing import Timing
 from tests.observability.fakes import FakeClock, FlakyStore
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)

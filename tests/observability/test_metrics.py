@@ -17,9 +17,9 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar import config
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
-from sidecar.config import Timing
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics, for_config
+from sidecar.timing import Timing
 from tests.observability.fakes import FakeClock, FlakyStore
 from tests.support.tools import REPO, require_binary
 

@@ -11,7 +11,8 @@ import pytest
 from redis.crc import key_slot
 
 from sidecar.backends.redis import lease_keys, open_redis_store, parse_target
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 
 ENV: dict[str, str] = {}
 

@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.api import create_local_app, create_public_app
 from sidecar.backends.base import StoreUnavailable
 from sidecar.backends.memory import MemoryLeaseState
-from sidecar.config import Timing
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 from tests.support.strict_store import StrictStore
 
 TIMING = Timing.build(lease_duration=2.0)

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
-from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 
 TIMING = Timing.build(1.0, 0.2, 0.2, 0.1)
 NAMES = ["jobs-0", "jobs-1", "jobs-2", "jobs-3"]

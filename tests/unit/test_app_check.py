@@ -16,7 +16,8 @@ from sidecar.api import create_local_app, create_public_app, pod_of_holder
 from sidecar.app_check import AppCheck, AppCheckSettings, Heartbeat, parse_health_url
 from sidecar.backends.base import HOLD_HOLDER, LOST_HOLDER, LeaseRecord
 from sidecar.backends.memory import MemoryLeaseStore
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.observed import LeaseView
@@ -219,7 +220,7 @@ async def test_a_heartbeat_check_goes_down_when_the_app_stops_calling() -> None:
 def elector_at() -> Elector:
     from prometheus_client import CollectorRegistry
 
-    from sidecar.config import Timing
+    from sidecar.timing import Timing
 
     timing = Timing.build(3.0, None, None, None)
     return Elector(

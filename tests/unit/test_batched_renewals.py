@@ -21,12 +21,12 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
-from sidecar.config import Timing
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.probe import StoreProbe
 from sidecar.schedule import Batching, Scheduler
 from sidecar.status import Role, Transition
+from sidecar.timing import Timing
 from tests.support.clock import FakeClock
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import OPTIONS, ConfigError, load, parse_duration
+from sidecar.config import OPTIONS, load, parse_duration
+from sidecar.config_error import ConfigError
 from tests.unit.test_config import run_cli
 
 DURATION_FLAGS = [option.flag for option in OPTIONS if option.parse is parse_duration]

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, Timing, load, parse_duration, parse_host_port
+from sidecar.config import load, parse_duration, parse_host_port
+from sidecar.config_error import ConfigError
+from sidecar.timing import Timing
 
 
 @pytest.mark.parametrize(

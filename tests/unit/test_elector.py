@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore, _Row
 from sidecar.backends.records import MAX_TERM
-from sidecar.config import Timing, load
+from sidecar.config import load
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.observed import LOSS_TERM_GAP
 from sidecar.status import Role, Transition
+from sidecar.timing import Timing
 from tests.support.clock import FakeClock
 from tests.support.strict_store import StrictStore
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.app_check import AppCheck
 from sidecar.backends.base import Candidate
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
-from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet, TransferRefused, _rank
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 
 TIMING = Timing.build(1.0, 0.2, 0.2, 0.1)
 

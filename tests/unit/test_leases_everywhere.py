@@ -21,9 +21,9 @@ from sidecar.api import create_local_app, create_public_app
 from sidecar.backends.base import Candidate, StoreUnavailable
 from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.clock import SYSTEM_CLOCK
-from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 
 TIMING = Timing.build(15.0)
 

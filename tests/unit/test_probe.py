@@ -14,11 +14,11 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.backends.base import StoreUnavailable
 from sidecar.backends.memory import MemoryLeaseState, MemoryServer
-from sidecar.config import Timing
 from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
 from sidecar.probe import StoreProbe
+from sidecar.timing import Timing
 from tests.support.clock import FakeClock
 from tests.support.refusing import RefusingClient, Switch
 from tests.support.strict_store import StrictStore

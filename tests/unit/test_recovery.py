@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.backends.memory import MemoryServer
-from sidecar.config import Timing
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
+from sidecar.timing import Timing
 from tests.support.refusing import RefusingClient, Switch
 
 # Lease 3 s, renew every second, retry every second (jittered x1 to 1.5): a leader whose renewal

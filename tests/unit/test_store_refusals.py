@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, load
+from sidecar.config import load
+from sidecar.config_error import ConfigError
 from tests.unit.test_config import run_cli
 
 

@@ -9,7 +9,7 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
-from sidecar.config import ConfigError
+from sidecar.config_error import ConfigError
 from sidecar.redact import redact_url
 
 DEFAULT_PORT = 2379

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
 from sidecar.backends.kubernetes.store_client import PER_NAME_WATCH_LIMIT, KubernetesStoreClient
-from sidecar.config import SERVICE_ACCOUNT_DIR, ConfigError
+from sidecar.config_error import ConfigError
 from sidecar.logs import log
+from sidecar.service_account import SERVICE_ACCOUNT_DIR
 
 if TYPE_CHECKING:
     from sidecar.backends.base import LeaseStore

@@ -46,9 +46,9 @@ import aiohttp
 from multidict import CIMultiDict
 
 from sidecar import __version__
-from sidecar.config import SERVICE_ACCOUNT_DIR
 from sidecar.logs import log
 from sidecar.redact import printable, redact_url
+from sidecar.service_account import SERVICE_ACCOUNT_DIR
 
 if TYPE_CHECKING:
     from sidecar.backends.kubernetes.kubeconfig import Connection

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sidecar.backends.kubernetes.proxy import Proxy, ProxyError, from_environment, parse_proxy
-from sidecar.config import SERVICE_ACCOUNT_DIR
 from sidecar.redact import redact_url
+from sidecar.service_account import SERVICE_ACCOUNT_DIR
 
 TOKEN_REREAD_SECONDS = 60.0
 """How often a token file is read again (client-go and the official Python client: a minute)."""

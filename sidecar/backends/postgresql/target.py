@@ -13,7 +13,7 @@ import ssl
 import urllib.parse
 from pathlib import Path
 
-from sidecar.config import ConfigError
+from sidecar.config_error import ConfigError
 
 SCHEMES = ("postgresql", "postgres")
 

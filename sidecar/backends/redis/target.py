@@ -8,7 +8,7 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
-from sidecar.config import ConfigError
+from sidecar.config_error import ConfigError
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
