@@ -273,26 +273,6 @@ class Elector:
         """For ``/readyz``: did the store answer (any answer) recently?"""
         return self._clock.now() - self._last_store_answer <= seconds
 
-    async def wait_for_change(self, etag: str, timeout: float) -> LeaderStatus:
-        """Long-poll: return once the state's ETag differs from ``etag`` or ``timeout`` passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            status = self.status()
-            remaining = deadline - loop.time()
-            if status.etag != etag or remaining <= 0:
-                return status
-            if status.leader:  # the deadline changes the answer even if nothing else happens
-                remaining = min(remaining, status.valid_for + 0.001)
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            changed = self._changed
-            try:
-                async with asyncio.timeout(remaining):
-                    await changed.wait()
-            except TimeoutError:
-                pass
-
     def on_transition(self, listener: Callable[[Transition], None]) -> None:
         """``listener`` is called synchronously on every role change; it must not block."""
         self._transition_listeners = (*self._transition_listeners, listener)
@@ -306,13 +286,6 @@ class Elector:
         ``loop.call_soon_threadsafe``). A leader passing its deadline with no election
         activity is not reported: readers time that from ``status().valid_for`` themselves."""
         self._change_listeners = (*self._change_listeners, listener)
-
-    async def release_from_any_loop(
-        self, reason: str = "released", successor: str | None = None
-    ) -> bool:
-        """`release`, callable from another thread's event loop (the API's): it runs on the
-        election's own loop, where every store call of this elector runs."""
-        return await on_loop(self._loop, self.release(reason, successor=successor))
 
     def poke(self) -> None:
         """Try again now if following (the balancer's share grew, a candidate appeared, the
@@ -356,13 +329,6 @@ class Elector:
         self._probe = probe
 
     # -- the loop -----------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Acquire, renew and follow the watch until `stop` (or cancelled): this elector alone
-        on a scheduler of its own. A sidecar runs all its electors on one (`LeaseSet`)."""
-        from sidecar.schedule import Scheduler
-
-        await Scheduler([self], clock=self._clock).run()
 
     def start_watch(self) -> asyncio.Task[None] | Callable[[], None]:
         """Follow the store's watch (restarted by the supervisor if it fails); the scheduler

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sidecar.backends.base import LeaseStore, StoreClient
+    from sidecar.backends.base import StoreClient
     from sidecar.config import Config
     from sidecar.supervisor import Supervisor
 
@@ -46,32 +46,4 @@ def open_client(
         from sidecar.backends.postgresql import open_postgresql_client
 
         return open_postgresql_client(config, supervisor)
-    raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this
-
-
-def open_store(config: Config) -> LeaseStore:
-    scheme = config.store_scheme
-    if scheme == "sqlite":
-        from sidecar.backends.sqlite import SQLiteLeaseStore, sqlite_path
-
-        # SQLite gives up waiting for the write lock a little before the request's own
-        # deadline, so a locked file reports "database is locked" and frees its thread.
-        busy_timeout = 0.8 * config.timing.request_timeout
-        return SQLiteLeaseStore(sqlite_path(config.store), config.lease, busy_timeout=busy_timeout)
-    if scheme in ("redis", "rediss", "redis+sentinel"):
-        from sidecar.backends.redis import open_redis_store
-
-        return open_redis_store(config)
-    if scheme == "kubernetes":
-        from sidecar.backends.kubernetes import open_kubernetes_store
-
-        return open_kubernetes_store(config)
-    if scheme in ("etcd", "etcds"):
-        from sidecar.backends.etcd import open_etcd_store
-
-        return open_etcd_store(config)
-    if scheme in ("postgresql", "postgres"):
-        from sidecar.backends.postgresql import open_postgresql_store
-
-        return open_postgresql_store(config)
     raise ValueError(f"unknown store {config.store!r}")  # config validation prevents this

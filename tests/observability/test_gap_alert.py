@@ -22,6 +22,7 @@ from sidecar.metrics import Metrics
 from sidecar.status import GapAlert, Role
 from sidecar.timing import Timing
 from tests.observability.fakes import FakeClock, FlakyStore
+from tests.support.clock import run_alone
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)
 HALF = TIMING.lease_duration / 2
@@ -320,7 +321,7 @@ async def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
 async def leading_on_a_hung_store(timing: Timing) -> AsyncIterator[Rig]:
     """An elector running on the real clock that led, then its store hangs every request."""
     rig = Rig(timing, SYSTEM_CLOCK)
-    task = asyncio.create_task(rig.elector.run())
+    task = asyncio.create_task(run_alone(rig.elector))
     try:
         await wait_for(rig.elector.is_leader, timeout=5)
         rig.store.hung = True

@@ -19,3 +19,13 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self._now += seconds
         self._wall += timedelta(seconds=seconds)
+
+
+async def run_alone(elector: object) -> None:
+    """An elector alone on a scheduler of its own, as a sidecar of one lease runs it (its
+    `LeaseSet` runs every elector on one `Scheduler`)."""
+    from sidecar.elector import Elector
+    from sidecar.schedule import Scheduler
+
+    assert isinstance(elector, Elector)
+    await Scheduler([elector], clock=elector.clock).run()

@@ -14,13 +14,15 @@ from prometheus_client import CollectorRegistry
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore, _Row
 from sidecar.backends.records import MAX_TERM
+from sidecar.changes import ChangeFeed
 from sidecar.config import load
 from sidecar.elector import Elector
+from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
 from sidecar.observed import LOSS_TERM_GAP
 from sidecar.status import Role, Transition
 from sidecar.timing import Timing
-from tests.support.clock import FakeClock
+from tests.support.clock import FakeClock, run_alone
 from tests.support.strict_store import StrictStore
 
 TIMING = Timing(lease_duration=10.0, renew_interval=3.0, retry_period=1.0, request_timeout=1.0)
@@ -989,15 +991,22 @@ async def test_listeners_hear_every_transition_in_order(world: World) -> None:
 
 
 async def test_a_long_poll_returns_as_soon_as_the_state_changes(world: World) -> None:
+    """Through the listeners' change feed, as ``GET /leader?wait=`` waits."""
     a = world.elector("a")
-    etag = a.status().etag
-    waiter = asyncio.create_task(a.wait_for_change(etag, timeout=5))
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    await a.step()
-    status = await asyncio.wait_for(waiter, timeout=1)
-    assert status.leader
-    assert status.etag != etag
+    feed = ChangeFeed(LeaseSet.single(a))
+    following = asyncio.create_task(feed.follow())
+    try:
+        etag = a.status().etag
+        waiter = asyncio.create_task(feed.wait(a.status, lambda s: s.etag, etag, 5.0))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        await a.step()
+        status = await asyncio.wait_for(waiter, timeout=1)
+        assert status.leader
+        assert status.etag != etag
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
 
 
 async def test_a_renewal_hanging_past_half_the_lease_alerts_while_still_in_flight() -> None:
@@ -1077,7 +1086,7 @@ async def test_stop_ends_the_loop_without_a_cancel(world: World) -> None:
     """Shutdown must not depend on a cancellation arriving intact: one that lands as a
     request's own timeout fires surfaces as that timeout, which the loop tolerates."""
     a = world.elector("a")
-    running = asyncio.create_task(a.run())
+    running = asyncio.create_task(run_alone(a))
     await asyncio.sleep(0.05)
     assert a.status().leader
     a.stop()

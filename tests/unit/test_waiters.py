@@ -11,6 +11,7 @@ from sidecar.backends.memory import MemoryLeaseState
 from sidecar.elector import Elector
 from sidecar.limits import Limits
 from sidecar.status import LeaderStatus
+from tests.support.clock import run_alone
 from tests.unit.test_api import TIMING, client_for, make_elector
 
 WAITERS = 100
@@ -32,7 +33,7 @@ def count_status_calls(elector: Elector) -> list[int]:
 async def test_idle_long_polls_on_the_leader_sleep_through_renewals() -> None:
     elector = make_elector(MemoryLeaseState(), "a")
     await elector.step()
-    running = asyncio.create_task(elector.run())
+    running = asyncio.create_task(run_alone(elector))
     try:
         async with await client_for(create_local_app(elector, LIMITS)) as client:
             etag = (await client.get("/leader")).headers["ETag"]
