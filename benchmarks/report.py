@@ -88,8 +88,11 @@ def ratio(ours: Cell, theirs: Cell) -> str:
 Row = tuple[str, Cell, Cell]
 
 
-def table(rows: Sequence[Row]) -> str:
-    lines = ["| measure (median / p99) | ours | theirs | ratio |", "|---|---|---|---|"]
+def table(rows: Sequence[Row], columns: tuple[str, str, str] | None = None) -> str:
+    """``columns``: the header's first three cells (default: measure (median / p99), ours,
+    theirs)."""
+    head = columns or ("measure (median / p99)", "ours", "theirs")
+    lines = [f"| {head[0]} | {head[1]} | {head[2]} | ratio |", "|---|---|---|---|"]
     for measure, ours, theirs in rows:
         lines.append(f"| {measure} | {ours} | {theirs} | {ratio(ours, theirs)} |")
     return "\n".join(lines)

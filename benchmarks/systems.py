@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +49,11 @@ def _free_port() -> int:
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def no_args(slot: str) -> Sequence[str]:
+    """A system's further flags for the replica in ``slot``: none (`extra_args`)."""
+    return ()
 
 
 def _micro_time(moment: float) -> str:
@@ -137,9 +143,12 @@ class OursOnKube:
         self.lease_name = lease
         self.lease = store.lease
         self.renew = store.lease / 3
+        # Each slot's further flags (e.g. its own app's health URL, `benchmarks.app_failover`).
+        self.extra_args: Callable[[str], Sequence[str]] = no_args
         if self.ours:
             for slot in ("0", "1", "2", "start"):  # one pod per slot, for the role labels
-                store.fake.create_pod(NAMESPACE, f"ours-{slot}")
+                if store.fake.pod(NAMESPACE, f"ours-{slot}") is None:  # (another lease's pool)
+                    store.fake.create_pod(NAMESPACE, f"ours-{slot}")
 
     def start(self, name: str, slot: str) -> Replica:
         pod = f"ours-{slot}"
@@ -158,6 +167,7 @@ class OursOnKube:
                 pod,
                 "--log-level",
                 "info",
+                *self.extra_args(slot),
             ],
         )
 
@@ -252,6 +262,11 @@ class RedisStore:
             self._client = redis.Redis.from_url(self.url)
         return self._client
 
+    def url_for(self, slot: str) -> str:
+        """Every replica connects to the server itself (no proxy per slot, unlike
+        `PostgresStore`)."""
+        return self.url
+
     def cli(self, *args: str) -> str:
         return subprocess.run(
             ["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True
@@ -305,13 +320,14 @@ class OursOnRedis:
         self.renew = store.lease / 3
         base = f"leader-sidecar:{{{lease}}}"
         self.keys = (f"{base}:holder", f"{base}:term", f"{base}:events")
+        self.extra_args: Callable[[str], Sequence[str]] = no_args  # each slot's further flags
 
     def start(self, name: str, slot: str) -> Replica:
         return SidecarProcess.start(
             name,
             self.store.url_for(f"ours-{slot}"),
             lease_duration=f"{self.lease:g}s",
-            args=["--lease", self.lease_name, "--log-level", "info"],
+            args=["--lease", self.lease_name, "--log-level", "info", *self.extra_args(slot)],
         )
 
     def partition(self, slot: str, cut: bool) -> None:
@@ -375,6 +391,55 @@ class RecipeOnRedis:
         began = time.time()
         client.set(self.key, f"intruder-{uuid.uuid4().hex}", px=int(self.lease * 1000))
         return began
+
+
+# -- SQLite (one file) -----------------------------------------------------------------------
+
+
+class SqliteStore:
+    """One SQLite file in the run's temporary directory: no server to start or stop."""
+
+    name = "SQLite"
+    short = "SQLite"
+    lease = 1.0
+
+    def __init__(self, tmp: Path) -> None:
+        self.url = f"sqlite:///{tmp / 'leases.db'}"
+
+    def close(self) -> None:
+        pass
+
+
+class OursOnSqlite:
+    """Our sidecar on the SQLite file. No store-side write log is kept: the measures that need
+    one (`last_write_before`, `takeover`) are not run on it."""
+
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: SqliteStore, lease: str = "bench-ours") -> None:
+        self.store = store
+        self.lease_name = lease
+        self.lease = store.lease
+        self.renew = store.lease / 3
+        self.extra_args: Callable[[str], Sequence[str]] = no_args  # each slot's further flags
+
+    def start(self, name: str, slot: str) -> Replica:
+        return SidecarProcess.start(
+            name,
+            self.store.url,
+            lease_duration=f"{self.lease:g}s",
+            args=["--lease", self.lease_name, "--log-level", "info", *self.extra_args(slot)],
+        )
+
+    def last_write_before(self, moment: float) -> float | None:
+        raise NotImplementedError("no write log is kept for the SQLite file")
+
+    def reset(self) -> None:
+        raise NotImplementedError("start a pool on a new lease name instead")
+
+    def takeover(self) -> float:
+        raise NotImplementedError("no takeover measure on the SQLite file")
 
 
 def describe(system: Any) -> str:

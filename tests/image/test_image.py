@@ -314,6 +314,7 @@ def test_configured_by_the_chart_it_leads_on_kubernetes_and_labels_its_pod(
         "metadata.name": pod_name,
         "metadata.namespace": "default",
         "metadata.labels['pod-template-hash']": "7d9c",  # the chart's --revision
+        "status.podIP": "127.0.0.1",  # the pod's own address (an app health URL may name it)
     }
     flags: list[str] = []
     for var in container["env"]:
