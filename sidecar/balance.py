@@ -1,4 +1,4 @@
-"""How many leases each live replica should hold, and which hand-overs get there (issue 11).
+"""How many leases each live replica should hold, and which hand-overs get there.
 
 Pure functions, so every replica computes the same plan from the same view: with R live
 replicas and N leases nobody holds more than ceil(N/R), and once every lease is held nobody

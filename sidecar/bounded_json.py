@@ -2,7 +2,7 @@
 
 CPython's parser recurses once per nesting level: a body of ``[[[[…`` a thousand deep raised
 RecursionError inside it, which escaped as a 500 with a 1.8 KB traceback in the log, per
-request (issue 25). `loads` measures the nesting first, in one pass over the text and
+request. `loads` measures the nesting first, in one pass over the text and
 constant memory, and refuses a document deeper than it may be before the parser sees it.
 """
 

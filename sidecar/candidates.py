@@ -1,9 +1,9 @@
 """Who is alive to take leases: this replica's own candidate record, kept fresh, and what it
-has observed of the others' (issue 11: balance, transfer, rolling updates).
+has observed of the others' (for balance, transfer, rolling updates).
 
 Liveness is observed exactly like a lease (rule 2): another candidate counts as alive until
 this replica has seen its record's *version* unchanged for a lease on its own monotonic clock
-— and only once it has seen that version *change* (issue 25): a record seen with one version
+— and only once it has seen that version *change*: a record seen with one version
 only may have been written once by anything (a hand edit, a replica that died after its first
 beat), and handing it a lease would leave that lease unled for a lease. Until then it is
 *pending*: never a successor, never counted in a share or a balance, only ranked among those

@@ -42,13 +42,13 @@ class ChangeFeed:
         # The electors that changed since the last look (appended on the election's thread;
         # a deque's append and popleft are atomic). A look is at them alone: at 10,000 leases
         # looking at every lease after every change took a third of the CPU of a replica
-        # starting up (issue 24).
+        # starting up.
         self._poked_by: deque[Elector] = deque()
         self._poked: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         # A wake-up is on its way to the feed's loop: further changes ride on it. A batch of
         # renewals or an acquire storm changes hundreds of leases at once, and each wake-up
-        # across threads is a write to the loop's socket that hands the GIL over (issue 24:
-        # thousands of them cost seconds of CPU at start-up).
+        # across threads is a write to the loop's socket that hands the GIL over:
+        # thousands of them cost seconds of CPU at start-up.
         self._pending = False
         poke = self._poke  # one bound method for every elector, not one each
         for elector in leases.electors.values():

@@ -6,7 +6,7 @@ prints per lease the holder, term and age of the last renewal, and the candidate
 humans, never a grant. ``transfer`` asks the local sidecar to hand its lease(s) over.
 
 Everything they print that came from outside — a store record, an answer, an error — goes
-through `terminal_text` (issue 25): a holder or identity carrying an escape sequence, CR/LF or
+through `terminal_text`: a holder or identity carrying an escape sequence, CR/LF or
 bytes that are not UTF-8 reaches the operator's terminal escaped (``\\x1b``, ``\\xff``), never
 as a screen clear, a window title or a forged row.
 """

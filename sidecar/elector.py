@@ -156,7 +156,7 @@ class Elector:
         self._last_renewal_sent = float("-inf")
         self._view = LeaseView(identity, timing.lease_duration, stand_back)  # rules 2, 5 and 8
         # How long this replica should wait before taking one more lease (0: go): the
-        # balancer's share and whose turn it is (issue 11). Asked only for a lease that is free
+        # balancer's share and whose turn it is. Asked only for a lease that is free
         # or expired; never for our own or one handed to us. Liveness only: a wait delays an
         # attempt, it never grants anything.
         self._gate = gate
@@ -292,7 +292,7 @@ class Elector:
         store answers again) — or, for a lease another replica holds, at its observed expiry
         if that is sooner than the next attempt planned. A step now would only find that out
         again: every beat pokes every follower, and a thousand steps each beat were a good
-        part of a sidecar's CPU (issue 24)."""
+        part of a sidecar's CPU."""
         if self._role is Role.LEADER or self._stopping:
             return
         now = self._clock.now()
@@ -387,10 +387,6 @@ class Elector:
         return timers
 
     def tick(self, now: float) -> None:
-        """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
-        self._tick(now)
-
-    def _tick(self, now: float) -> None:
         """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
         self._check_growing_gap(now)
         if self._role is Role.LEADER and now >= self._valid_until:
@@ -598,7 +594,7 @@ class Elector:
                         return wait
                 # Rule 3 counts a grant from when its request is sent: now, not when this step
                 # began. At start-up an acquire may wait seconds for a slot, and a grant timed
-                # from before that wait came with its deadline spent (issue 24: the start-up
+                # from before that wait came with its deadline spent (the start-up
                 # losses at the holder's own deadline).
                 sent = self._clock.now()
                 record = await self._call(

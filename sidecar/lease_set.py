@@ -111,7 +111,7 @@ class LeaseSet:
         self._counted: tuple[float, dict[str, int]] | None = None
         # The leases this replica leads, kept by the electors' transitions: the balancer's
         # share is asked at every acquire, and counting 1,000 electors there each time cost
-        # more CPU at start-up than the acquires themselves (renewals starved: issue 24).
+        # more CPU at start-up than the acquires themselves (renewals starved).
         self._leading: set[str] = set()
         track = self._track
         for elector in electors.values():
@@ -355,8 +355,8 @@ class LeaseSet:
 
     def shown_candidates(self) -> tuple[list[Candidate], set[str]]:
         """The candidate records to show, and which are live. After a `read_candidates` (what
-        ``GET /leases`` does first): the store's records, the same on every replica (issue 32:
-        a follower, which reads the group only when it needs to, showed none or an old copy),
+        ``GET /leases`` does first): the store's records, the same on every replica
+        (a follower, which reads the group only when it needs to, showed none or an old copy),
         live judged as ``status`` judges it, from the store's beat stamps. Else this replica's
         view, live as it judges successors (versions seen changing, `CandidateView`)."""
         assert self.beat is not None
@@ -796,7 +796,7 @@ class LeaseSet:
     async def _resolve_fresh(self, to: str) -> str | None:
         """`resolve`, reading the group once more first where ``to`` would be a replica seen
         beating once: it becomes a successor once seen beating again, and it may have beaten
-        since this replica's view was read (issue 32: 409s after it answered ``/leader``, and
+        since this replica's view was read (409s after it answered ``/leader``, and
         ``any`` found nobody). Still seen once, it is one within a beat: `resolve` says so,
         with when to retry. (A replica beats twice as it starts, `prime` then `run`, a few
         ms apart: a view read after both saw one version, and waits for the third.)"""

@@ -3,7 +3,7 @@
 Every limit is per listener, so a flood on the public port (reachable from the cluster) cannot
 use up what the app needs on localhost, and memory stays bounded under any flood. On the public
 listener the long-polls are limited per client address too, so that one neighbour holding
-them all cannot make every other client's long-poll answer 503 (issue 25).
+them all cannot make every other client's long-poll answer 503.
 """
 
 from __future__ import annotations

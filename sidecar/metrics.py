@@ -81,13 +81,13 @@ _NOT_BOUND = _NotBound()
 class _Lease:
     """One lease's values of the families kept per lease (`_PerLease`): a few slots instead of
     a prometheus_client child per family (each ~0.9 KB with its lock and label dict: 3.5 MB at
-    1,000 leases, issue 24). The API of the children it replaces: ``set``, ``inc``."""
+    1,000 leases). The API of the children it replaces: ``set``, ``inc``."""
 
     __slots__ = ("_labels", "_source", "created", "gaps", "value")
 
     def __init__(self, labels: tuple[str, str]) -> None:
         self._labels = labels
-        # Read at scrape time: the elector itself, not two bound methods of it (issue 24).
+        # Read at scrape time: the elector itself, not two bound methods of it (memory per lease).
         self._source: ScrapedState = _NOT_BOUND
         self.value = 0.0  # the term
         self.gaps = 0.0  # renewal gaps past half the lease
@@ -194,7 +194,7 @@ class _Families:
             "While leading: seconds since the last successful renewal was sent; 0 otherwise"
         )
         each_lease("since_renewal_seconds", since_renewal, "seconds_since_renewal")
-        # The name before issue 32 (the unit first, against Prometheus's naming), kept for one
+        # The earlier name (the unit first, against Prometheus's naming), kept for one
         # release so that alerts and dashboards written for it keep working while they move;
         # with the per-lease detail only, as client-go's name: at 1,000 shards it would add
         # 1,000 series to a budget of 5,000 (docs/operations.md#renamed-metrics).

@@ -1,4 +1,4 @@
-"""One probe of a failing store for every lease of a sidecar (issue 20; DESIGN.md, "a good
+"""One probe of a failing store for every lease of a sidecar (docs/design.md, "a good
 neighbour").
 
 While the store refuses (a request answered `StoreUnavailable`: unreachable, timed out, 429 or

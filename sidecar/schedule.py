@@ -1,4 +1,4 @@
-"""One clock for every lease of a sidecar (issue 24): the scheduler the electors run on.
+"""One clock for every lease of a sidecar: the scheduler the electors run on.
 
 One loop keeps every elector's next moment in one heap — its next attempt, its deadline and the
 half-lease mark of its renewal gap (`Elector.wake_at`) — and at each moment does what the

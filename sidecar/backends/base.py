@@ -278,7 +278,7 @@ class LeaseStore(Protocol):
 @runtime_checkable
 class FollowsByCall(Protocol):
     """A `LeaseStore` whose watch can call a function instead of being iterated: a sidecar of
-    1,000 leases then needs no task, event and generator per lease to follow them (issue 24).
+    1,000 leases then needs no task, event and generator per lease to follow them.
 
     ``follow(callback)`` calls ``callback(record)`` exactly where ``watch()`` would yield it
     (same records, same moments: after every change, once after every (re)connection;
@@ -363,9 +363,9 @@ class CandidateRegistry(Protocol):
 
 @runtime_checkable
 class ListsOnBeat(Protocol):
-    """A `CandidateRegistry` that writes a beat and reads the group in one request (issue 24:
-    with several leases a replica beats and reads the group every renew interval; as two
-    requests they were two of every three it sent, batched renewals being the third).
+    """A `CandidateRegistry` that writes a beat and reads the group in one request:
+    with several leases a replica beats and reads the group every renew interval, and as two
+    requests they were two of every three it sent, batched renewals being the third.
 
     ``beat_and_list(candidate, duration)`` is `CandidateRegistry.beat` then
     `CandidateRegistry.list`, in one atomic step: every record the store holds once the beat
@@ -399,7 +399,7 @@ class StoreClient(Protocol):
         ...
 
 
-# -- many renewals in one round trip (issue 24) ----------------------------------------------
+# -- many renewals in one round trip ---------------------------------------------------------
 
 MAX_BATCH = 1000
 """The most renewals a caller puts in one `RenewsMany.renew_many` call (it splits larger sets)."""

@@ -63,7 +63,7 @@ class Rig:
 
     def tick(self) -> None:
         """What the run loop does on every wake-up, without I/O."""
-        self.elector._tick(self.clock.now())
+        self.elector.tick(self.clock.now())
 
     async def lead(self) -> None:
         await self.elector.step()

@@ -1073,7 +1073,7 @@ async def test_a_gap_that_ends_in_a_deadline_demotion_is_alerted(
     await a.step()
     world.clock.advance(TIMING.lease_duration)  # woke up past the deadline in one go
     if wakes_in == "tick":
-        a._tick(world.clock.now())
+        a.tick(world.clock.now())
     else:
         await a.step()
     assert demotions(a, "deadline") == 1

@@ -1,6 +1,6 @@
 """The one list-then-watch loop (a reflector, as client-go's) behind every Kubernetes watch of
 the sidecar: the one-Lease watch (`store`), the many-Lease namespace watch (`fanout`) and the
-candidates (`candidates`). Three copies of this loop drifted into three behaviours (issue 20);
+candidates (`candidates`). Three copies of this loop drifted into three behaviours;
 one copy keeps them a good neighbour of an API server that is already failing.
 
 The loop: list, then watch from the list's resourceVersion (``allowWatchBookmarks``: a

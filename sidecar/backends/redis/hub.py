@@ -104,7 +104,7 @@ class Follower:
         self.channel = channel
         self._callback: Callable[[LeaseRecord | None], None] | None = callback
         # The lease's store itself, not three bound methods of it and a closure to stop:
-        # a sidecar may follow 10,000 leases (issue 24).
+        # a sidecar may follow 10,000 leases.
         self._source = source
         self._reading: asyncio.Task[None] | None = None
         self._held: str | None = None  # while a read is out: the newest message since it was sent

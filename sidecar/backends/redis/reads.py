@@ -3,7 +3,7 @@
 A watch reads its lease's record whenever its channel is (re)subscribed: at start-up, after
 every reconnection of the pub/sub connection, on a new master. A sidecar that follows 10,000
 leases then asked for 10,000 records at once, one script each, and spent the CPU its renewals
-needed on round trips (issue 24: ten such replicas on two cores lost hundreds of leases to
+needed on round trips (ten such replicas on two cores lost hundreds of leases to
 their deadlines at start-up). `WatchReads` queues the reads and sends them together: one
 script (`scripts.READ_MANY`) per `MOST` leases, at most `slots` of them in flight, the rest of
 the client's connections left to acquires and renewals. A lease's answer, or its failure, is

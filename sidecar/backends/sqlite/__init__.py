@@ -11,7 +11,7 @@ Each mutation is one conditional statement inside one ``BEGIN IMMEDIATE`` transa
 concurrent processes serialise on SQLite's write lock and the condition is evaluated under it.
 ``synchronous=FULL`` because a lost commit after a power cut could rewind the term.
 
-A `SQLiteStoreClient` serves every lease of a sidecar (issue 11: up to a thousand) on one
+A `SQLiteStoreClient` serves every lease of a sidecar (thousands) on one
 connection, one thread and one change poller (`watch`); `SQLiteLeaseStore` is one lease with a
 client of its own. Candidate records live in the same file (`candidates`).
 """

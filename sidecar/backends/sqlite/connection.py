@@ -67,7 +67,7 @@ class Connection:
         ``PRAGMA data_version`` (a microsecond local read) and call ``changed`` — from that
         thread: it must hand over to its loop itself — when it or `writes` moved since the
         last look, or the read failed. The watch poller then wakes only when the file changed,
-        instead of crossing threads every interval to ask (issue 24). None: stop."""
+        instead of crossing threads every interval to ask. None: stop."""
         self._probe = None if changed is None else (interval, changed)
         self._probe_seen = None
         if changed is not None:

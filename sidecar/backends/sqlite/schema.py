@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS leases (
 )
 """
 
-# Files written before issue 11 lack the column: added in place, rows and terms kept.
+# Files written before hand-overs lack the columns: added in place, rows and terms kept.
 ADD_SUCCESSOR = "ALTER TABLE leases ADD COLUMN successor TEXT"
 ADD_HANDED = "ALTER TABLE leases ADD COLUMN handed TEXT"
 # A candidate's app state (up, down, or '' without an app check), for `status`.

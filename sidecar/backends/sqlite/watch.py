@@ -5,7 +5,7 @@ polling it every interval sees every write within one interval. A thousand lease
 mean a thousand such loops: one loop polls, and only when something changed asks SQLite for the
 watched rows that differ from the copy it keeps of them (a table of this connection's own, in
 its ``temp`` schema), so that only the rows that changed are read, decoded and handed on — a
-batch of another replica's renewals is 333 rows of 1,000, a candidate beat none (issue 24).
+batch of another replica's renewals is 333 rows of 1,000, a candidate beat none.
 
 A watch is either an async iterator (`SQLiteLease.watch`, woken through an event) or a callback
 (`SQLiteLease.follow`, called on the poller's task as each changed row is read: no task, event
