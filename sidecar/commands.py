@@ -276,20 +276,9 @@ def transfer_parser() -> argparse.ArgumentParser:
 
 def status_main(argv: Sequence[str]) -> int:
     parsed = vars(status_parser().parse_args(argv))
-    flags = [
-        item
-        for option in status_options()
-        if parsed[option.dest] is not None
-        for item in (option.flag, parsed[option.dest])
-    ]
-    try:
-        config = load(flags)
-    except ConfigError as exc:
-        print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
+    config = _store_config("status", parsed)
+    if config is None:
         return 2
-    # The one line below says why the store did not answer; the store clients' own warnings
-    # ("redis unavailable") would print before it through logging's last-resort handler.
-    logging.getLogger("sidecar").addHandler(logging.NullHandler())
     try:
         status = asyncio.run(gather_status(config))
     except NoStore as exc:
@@ -358,7 +347,10 @@ def resume_parser() -> argparse.ArgumentParser:
 
 def _store_config(prog: str, parsed: dict[str, Any]) -> Config | None:
     """The store and leases from the status flags (and their variables); None after a
-    one-line error on stderr."""
+    one-line error on stderr. The command's own one line says why a store did not answer:
+    the store clients' warnings ("redis unavailable") would print before it through
+    logging's last-resort handler."""
+    logging.getLogger("sidecar").addHandler(logging.NullHandler())
     flags = [
         item
         for option in status_options()
