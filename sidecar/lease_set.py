@@ -660,18 +660,18 @@ class LeaseSet:
         held = self.held()
         await self._fresh_candidates(self.primary.timing.request_timeout)
         successors = self._successors(held) or self._pending_successors(held)
+        why = self.app.last_problem if self.app is not None else None
         if not successors:
-            now = self._clock.now()
             if self._app_alone_since is None:
-                self._app_alone_since = now
-                self.on_app_alone(held, self.app.last_problem if self.app is not None else None)
+                self._app_alone_since = self._clock.now()
+                self.on_app_alone(held, why)
                 log(
                     logger,
                     "warning",
                     "the app is down and no other replica's app is up: keeping the leases "
                     "until one is",
                     leases=held,
-                    reason=self.app.last_problem if self.app is not None else None,
+                    reason=why,
                 )
             return False
         self._app_alone_since = None
@@ -681,7 +681,7 @@ class LeaseSet:
             "the app is down: handing the leases to a replica whose app is up",
             leases=len(successors),
             to=sorted(set(successors.values())),
-            reason=self.app.last_problem if self.app is not None else None,
+            reason=why,
         )
         released = await self._release_all(list(successors), successors, reason)
         for _ in released:

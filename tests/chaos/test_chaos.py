@@ -118,6 +118,36 @@ async def run_schedule(
     return records
 
 
+def run_facts(
+    cluster: Cluster,
+    store_name: str,
+    size: int,
+    seed: int,
+    times: tuple[float, float],
+    records: list[FaultRecord],
+    procs: object,
+    logs: Path,
+    **extra: object,
+) -> RunFacts:
+    """What the judge reads of one run: the observer's samples, the faults, the slots' clocks
+    and processes; ``times``: when the run started and finished; ``extra``: a run's own
+    (its fence logs, its apps...)."""
+    return RunFacts(
+        store=store_name,
+        size=size,
+        seed=seed,
+        lease=LEASE,
+        started=times[0],
+        finished=times[1],
+        samples=list(cluster.observer.samples),
+        records=records,
+        clocks={slot.name: slot.clock for slot in cluster.slots},
+        procs=procs,  # type: ignore[arg-type]
+        logs=str(logs / "logs"),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
 @pytest.mark.timeout(RUN_TIMEOUT)
 @pytest.mark.parametrize("size", SIZES, ids=[f"n{size}" for size in SIZES])
 @pytest.mark.parametrize("store_name", list(STORES))
@@ -149,19 +179,16 @@ async def test_chaos(store_name: str, size: int, tmp_path: Path, chaos_seed: int
         procs = _processes(cluster)
     finally:
         await cluster.stop()
-    facts = RunFacts(
-        store=store_name,
-        size=size,
-        seed=chaos_seed,
-        lease=LEASE,
-        started=started,
-        finished=finished,
-        samples=list(cluster.observer.samples),
+    facts = run_facts(
+        cluster,
+        store_name,
+        size,
+        chaos_seed,
+        (started, finished),
+        records,
+        procs,
+        tmp_path,
         fence_log=fence_log,
-        records=records,
-        clocks={slot.name: slot.clock for slot in cluster.slots},
-        procs=procs,
-        logs=str(tmp_path / "logs"),
     )
     violations = judge(facts)
     accepted = sum(w.counts.accepted for w in cluster.writers)
@@ -233,21 +260,18 @@ async def test_chaos_shards(store_name: str, tmp_path: Path, chaos_seed: int) ->
         procs = _processes(cluster)
     finally:
         await cluster.stop()
-    facts = RunFacts(
-        store=store_name,
-        size=size,
-        seed=chaos_seed,
-        lease=LEASE,
-        started=started,
-        finished=finished,
-        samples=list(cluster.observer.samples),
+    facts = run_facts(
+        cluster,
+        store_name,
+        size,
+        chaos_seed,
+        (started, finished),
+        records,
+        procs,
+        tmp_path,
         fence_log=[],
-        records=records,
-        clocks={slot.name: slot.clock for slot in cluster.slots},
-        procs=procs,
         fence_logs=fence_logs,
         shards=shards,
-        logs=str(tmp_path / "logs"),
     )
     violations = sorted(
         [*judge_sharded(facts, leases), *unled_after_settling(facts, leases, settled)],
@@ -338,19 +362,16 @@ async def test_chaos_app(store_name: str, tmp_path: Path, chaos_seed: int) -> No
         procs = _processes(cluster)
     finally:
         await cluster.stop()
-    facts = RunFacts(
-        store=store_name,
-        size=size,
-        seed=chaos_seed,
-        lease=LEASE,
-        started=started,
-        finished=finished,
-        samples=list(cluster.observer.samples),
+    facts = run_facts(
+        cluster,
+        store_name,
+        size,
+        chaos_seed,
+        (started, finished),
+        records,
+        procs,
+        tmp_path,
         fence_log=fence_log,
-        records=records,
-        clocks={slot.name: slot.clock for slot in cluster.slots},
-        procs=procs,
-        logs=str(tmp_path / "logs"),
         apps={name: app.up_intervals(finished) for name, app in cluster.apps.items()},
         job_bound=JOB_BOUND,
     )

@@ -4,10 +4,12 @@ like any stale leader, and nobody may take the lease but by waiting the hold out
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, is_hold
-from sidecar.hold import HoldRefused, hold, parse_hold, resume
+from sidecar.backends.base import Conflict, LeaseHeld, LeaseRecord, NotOwned, is_hold
+from sidecar.hold import TRIES, HoldRefused, hold, parse_hold, resume
 from tests.contract.harness import StoreHarness
 from tests.contract.test_contract import LEASE, take
 
@@ -91,3 +93,29 @@ async def test_a_hold_refuses_a_record_it_cannot_read_rather_than_grant_a_low_te
     term a fence has seen. The sidecars take such a record over with a safe term first."""
     with pytest.raises(HoldRefused, match="cannot be read"):
         await hold(_Unreadable(), "ops", "", HOUR, 5.0)  # type: ignore[arg-type]
+
+
+class _AlwaysRenewed:
+    """A store whose leader renews between every read and write of the hold."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    async def read(self) -> LeaseRecord:
+        return LeaseRecord("a_1", 3, 15.0, f"v{self.writes}")
+
+    async def try_acquire(self, *args: object, **kwargs: object) -> LeaseRecord:
+        self.writes += 1
+        raise Conflict("renewed meanwhile", LeaseRecord("a_1", 3, 15.0, f"v{self.writes}"))
+
+
+async def test_a_hold_that_keeps_racing_a_renewal_gives_up_after_a_bounded_number_of_tries() -> (
+    None
+):
+    """Each try reads again after a jittered, growing pause; five, then one clear refusal."""
+    store = _AlwaysRenewed()
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(HoldRefused, match="try again"):
+        await hold(store, "ops", "", HOUR, 5.0)  # type: ignore[arg-type]
+    assert store.writes == TRIES
+    assert asyncio.get_running_loop().time() - started >= 0.01 * sum(range(1, TRIES + 1))

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.api import create_local_app, create_public_app, pod_of_holder
 from sidecar.app_check import AppCheck, AppCheckSettings, Heartbeat, parse_health_url
@@ -22,6 +21,7 @@ from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.observed import LeaseView
 from tests.support.clock import FakeClock
+from tests.unit.test_api import client_for
 
 TIMING_FAST = dict(period=0.02, timeout=0.2)
 
@@ -230,12 +230,6 @@ def elector_at() -> Elector:
         "x",
         metrics=Metrics(CollectorRegistry(), "x", 3.0),
     )
-
-
-async def client_for(app: web.Application) -> TestClient[web.Request, web.Application]:
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    return client
 
 
 async def test_get_root_answers_leader_elector_shape_with_the_holders_pod() -> None:

@@ -13,8 +13,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
@@ -24,6 +22,8 @@ from sidecar.clock import SYSTEM_CLOCK
 from sidecar.lease_set import LeaseSet
 from sidecar.metrics import Metrics
 from sidecar.timing import Timing
+from tests.unit.test_api import client_for
+from tests.unit.test_lease_set import count_reads
 
 TIMING = Timing.build(15.0)
 
@@ -46,27 +46,6 @@ async def until(check: Callable[[], bool], seconds: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
         await asyncio.sleep(0.01)
-
-
-async def client_for(app: web.Application) -> TestClient[web.Request, web.Application]:
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    return client
-
-
-def count_reads(lease_set: LeaseSet) -> Callable[[], int]:
-    """From now on, count the reads of the candidate records ``lease_set`` makes."""
-    assert lease_set.beat is not None
-    read = lease_set.beat.registry.list
-    reads = 0
-
-    async def counted() -> list[Candidate]:
-        nonlocal reads
-        reads += 1
-        return await read()
-
-    lease_set.beat.registry.list = counted  # type: ignore[method-assign]
-    return lambda: reads
 
 
 class Replicas:
