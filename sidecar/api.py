@@ -187,9 +187,20 @@ async def get_leases(request: web.Request) -> web.Response:
     )
 
 
+_READS: set[asyncio.Task[None]] = set()
+
+
 async def _candidates(leases: LeaseSet) -> list[dict[str, object]]:
-    """As the store's records show them, the same on every replica (`LeaseSet.candidates`)."""
-    await leases.read_candidates()
+    """As the store's records show them, the same on every replica (`LeaseSet.candidates`):
+    the first answer waits for a read; later ones show the last read and start the next in
+    the background (at most once a beat), so that an answer about leadership never waits for
+    the election's loop — after a pause it would leave judged before it."""
+    if leases._shown is None:
+        await leases.read_candidates()
+    else:
+        task = asyncio.ensure_future(leases.read_candidates())
+        _READS.add(task)
+        task.add_done_callback(_READS.discard)
     return leases.candidates()
 
 
