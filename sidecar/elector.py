@@ -554,12 +554,18 @@ class Elector:
         store asked (``Retry-After``) — but only while its deadline allows one more request
         before it (rule 3). Never past the deadline."""
         room = self._valid_until - now
+        last_chance = room - self.timing.request_timeout
         delay = self._retry_delay()
         retry_after = failed.retry_after if isinstance(failed, StoreUnavailable) else None
         self._retry_not_before = float("-inf")
         if retry_after is not None:
-            delay = max(delay, min(retry_after, room - self.timing.request_timeout))
-            self._retry_not_before = now + min(retry_after, room - self.timing.request_timeout)
+            delay = max(delay, min(retry_after, last_chance))
+            self._retry_not_before = now + min(retry_after, last_chance)
+        elif last_chance > 0:
+            # A retry period may end past the deadline; the last moment a whole request still
+            # fits before it comes first (a store back by then keeps the term). Only once: by
+            # then no whole request fits any more.
+            delay = min(delay, last_chance)
         return min(delay, room)
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:

@@ -172,3 +172,43 @@ async def test_a_follower_never_tries_before_retry_after() -> None:
     assert a.status().leader
     assert store.calls == {"acquire": 2, "read": 1}
     await probe.close()
+
+
+async def test_a_failed_renewal_keeps_one_last_try_a_request_timeout_before_the_deadline() -> None:
+    """A retry period may end past the deadline: the leader tries once more at the last moment a
+    whole request still fits before it, and only once."""
+    clock = FakeClock()
+    a, store, probe = elector_with_probe(clock)
+    await a.step()
+    clock.advance(7.5)
+    left = a.status().valid_for  # 10 s less the margin, less 7.5 s: under a retry period
+    assert 1.0 < left < 2.0
+    renewals = store.calls["renew"]
+    store.fail_next("renew", StoreUnavailable("timed out"))
+    delay = await a.step()
+    assert delay == pytest.approx(left - 1.0), "the last try leaves one request timeout"
+    clock.advance(delay)
+    store.fail_next("renew", StoreUnavailable("timed out"))
+    delay = await a.step()
+    assert a.status().leader
+    assert delay == pytest.approx(1.0), "no whole request fits any more: the deadline is next"
+    clock.advance(delay)
+    await a.step()
+    assert not a.status().leader
+    assert store.calls["renew"] - renewals == 2
+    await probe.close()
+
+
+async def test_a_store_back_before_the_last_try_keeps_the_leaders_term() -> None:
+    clock = FakeClock()
+    a, store, probe = elector_with_probe(clock)
+    await a.step()
+    term = a.status().term
+    clock.advance(7.5)
+    store.fail_next("renew", StoreUnavailable("timed out"))
+    clock.advance(await a.step())
+    await a.step()
+    assert a.status().leader
+    assert a.status().term == term
+    assert a.status().valid_for > 8.0, "renewed: a whole lease ahead again"
+    await probe.close()

@@ -25,6 +25,7 @@ from sidecar.backends.base import (
 )
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.errors import explain, session_may_be_lost
+from sidecar.backends.postgresql.hosts import addresses, first_usable
 from sidecar.backends.postgresql.hub import ListenHub
 from sidecar.backends.postgresql.target import PostgresTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -123,8 +124,28 @@ class PostgresStoreClient:
 
     async def connect(self) -> asyncpg.Connection:
         """A connection of its own (the LISTEN connection, the schema command)."""
-        connection: asyncpg.Connection = await asyncpg.connect(**self.connect_options())
+        options = self.connect_options()
+        connection: asyncpg.Connection = await self._connect(options.pop("dsn"), **options)
         return connection
+
+    async def _connect(self, dsn: str, **options: Any) -> asyncpg.Connection:
+        """One connection, the URL's hosts raced (`hosts.first_usable`): each host has a third
+        of the request timeout to itself before the next is asked beside it, so that one
+        request can still reach the second host (a handshake on a network that works takes
+        milliseconds)."""
+        hosts = addresses(self.target)
+        if len(hosts) < 2:
+            connection: asyncpg.Connection = await asyncpg.connect(dsn, **options)
+            return connection
+        async with asyncio.timeout(options.pop("timeout")):
+            return await first_usable(
+                lambda host: asyncpg.connect(
+                    dsn, host=host[0], port=host[1], timeout=self.CONNECT_TIMEOUT, **options
+                ),
+                hosts,
+                stagger=self.request_timeout / 3,
+                close=lambda connection: connection.terminate(),
+            )
 
     async def _get_pool(self) -> asyncpg.Pool:
         async with self._opening:
@@ -136,6 +157,7 @@ class PostgresStoreClient:
                     max_size=self.max_connections,
                     max_inactive_connection_lifetime=60.0,
                     reset=_no_reset,
+                    connect=self._connect,
                     **self.connect_options(),
                 )
             return self._pool
@@ -162,6 +184,12 @@ class PostgresStoreClient:
             # finish in time). Reconnecting after every slow request would cost a handshake
             # each time, on a server that is slow already.
             self._release_later(pool, connection)
+            if len(addresses(self.target)) > 1:
+                # But where the URL names other hosts, the silence may be a primary that hangs
+                # while another took over: the pool's other connections, to the same host,
+                # would each spend a request finding that out. They reconnect instead, racing
+                # every host.
+                await pool.expire_connections()
             raise
         except BaseException:
             connection.terminate()  # its state is unknown: a broken socket, a protocol error
