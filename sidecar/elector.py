@@ -95,7 +95,7 @@ class Elector:
         "_gate",
         "_hold_off_until",
         "_last_error",
-        "_last_other_holder",
+        "_last_holder",
         "_last_renewal_sent",
         "_last_store_answer",
         "_lock",
@@ -183,7 +183,8 @@ class Elector:
         # request (`store_answers`) does not bring a retry before it.
         self._retry_not_before = float("-inf")
         self._last_store_answer = float("-inf")
-        self._last_other_holder: str | None = None  # the last holder seen that was not us
+        # The last holder the store showed, us included: the grant a new one of ours replaces.
+        self._last_holder: str | None = None
         self._reported_version: str | None = None  # the last bad record logged and counted
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
@@ -874,7 +875,7 @@ class Elector:
     ) -> None:
         """``sent``: when our grant's request was sent (a handed grant: when we took it,
         for the renewal gaps; its deadline comes as ``valid_until``)."""
-        previous = self._last_other_holder
+        previous = self._last_holder
         self._term = record.term
         self._on_beat = True
         self._last_renewal_sent = sent
@@ -951,8 +952,8 @@ class Elector:
                 losses_in_a_row=self._view.losses_in_a_row,
                 wait_seconds=self.timing.lease_duration,
             )
-        if record is not None and record.holder not in (None, self.identity):
-            self._last_other_holder = record.holder
+        if record is not None and record.holder is not None:
+            self._last_holder = record.holder
         bad = record is not None and (record.unreadable or record.ignored)
         if bad and record is not None and record.version != self._reported_version:
             self._reported_version = record.version  # once per stored version

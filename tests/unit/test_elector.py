@@ -1058,6 +1058,37 @@ async def test_the_new_leader_names_the_previous_holder_even_after_a_release(
     assert heard[-1].previous_holder == "a_0000"
 
 
+async def test_a_leader_that_takes_its_own_lease_back_names_itself_as_the_previous_holder(
+    world: World,
+) -> None:
+    """Demoted at its deadline while the store refused, then the lease taken back under a new
+    term: the grant replaced was its own, not that of the last other replica it ever saw."""
+    a = world.elector("a")
+    (store,) = world.stores
+    heard: list[Transition] = []
+    a.on_transition(heard.append)
+    await a.step()
+    world.steal("b_0000")
+    world.clock.advance(TIMING.renew_interval)
+    await a.step()  # the renewal finds b's grant
+    assert not a.status().leader
+    world.clock.advance(TIMING.lease_duration + 1.0)
+    await a.step()
+    assert a.status().leader
+    assert heard[-1].previous_holder == "b_0000"
+    store.fail_always("renew", StoreUnavailable("timed out"))
+    store.fail_always("acquire", StoreUnavailable("timed out"))
+    for _ in range(20):
+        world.clock.advance(TIMING.retry_period)
+        await a.step()
+    assert not a.status().leader
+    store.heal()
+    world.clock.advance(TIMING.lease_duration + 1.0)
+    await a.step()
+    assert a.status().leader
+    assert heard[-1].previous_holder == "a_0000"
+
+
 # -- the half-lease alert also covers the gap that ends in a demotion --------------------------
 
 
