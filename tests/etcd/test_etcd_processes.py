@@ -325,3 +325,32 @@ def _longest_gap(observer: LeaderObserver, since: float) -> float:
     led = sorted(s.received for s in observer.samples if s.leader and s.sent >= since)
     marks = [since, *led]
     return max((b - a for a, b in itertools.pairwise(marks)), default=0.0)
+
+
+async def test_a_leader_keeps_its_term_when_its_member_hangs_and_the_next_one_answers(
+    own_cluster: EtcdCluster,
+) -> None:
+    """Recovery in one round trip: the member the sidecars talk to hangs (SIGSTOP) while the
+    other two keep the cluster; the leader's renewal times out, and its next request, on the
+    next endpoint, comes before its deadline: same term, no gap."""
+    cluster = own_cluster
+    lease = 2.0
+    with sidecars(
+        ["a", "b"], cluster.url(fresh_prefix("keep")), lease_duration=f"{lease:g}s"
+    ) as procs:
+        async with observing(procs) as observer:
+            first = await observer.leader()
+            await asyncio.sleep(lease)
+            paused_at = time.time()
+            cluster.members[0].pause()
+            try:
+                await observer.wait_for(
+                    lambda s: s.leader and s.sent > paused_at + 3 * lease, timeout=20
+                )
+            finally:
+                cluster.members[0].resume()
+            reigns = {
+                (s.identity, s.term) for s in observer.samples if s.leader and s.sent > paused_at
+            }
+            assert reigns == {(first.identity, first.term)}, sorted(reigns, key=str)
+    observer.assert_never_two_leaders()
