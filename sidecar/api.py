@@ -45,6 +45,7 @@ RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
 HEARTBEAT = web.AppKey("heartbeat", Heartbeat)
 POD_NAME: web.AppKey[str] = web.AppKey("pod_name")
 
+JSON = "application/json; charset=utf-8"  # what web.json_response sends
 MAX_WAIT = 300.0  # longest long-poll; longer waits are cut to this
 SSE_KEEPALIVE = 15.0
 _WAIT_HELP = "wait must be 0 or a duration in ASCII digits such as 30, 1.5, 500ms, 2s or 1m"
@@ -59,10 +60,10 @@ def parse_wait(text: str) -> float:
 
 
 def status_response(status: LeaderStatus) -> web.Response:
-    return web.json_response(
-        status.to_json(),
+    return web.Response(
+        body=status.encoded(),
         status=200 if status.leader else 503,
-        headers={"ETag": status.etag, "Cache-Control": "no-store"},
+        headers={"Content-Type": JSON, "ETag": status.etag, "Cache-Control": "no-store"},
     )
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import hashlib
+import json
 from datetime import datetime
 from typing import Any
 
@@ -35,8 +37,16 @@ class LeaderStatus:
     @property
     def etag(self) -> str:
         """Changes exactly when the leader flag, the holder or the term changes."""
-        key = f"{int(self.leader)}|{self.holder or ''}|{self.term}".encode()
-        return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
+        return _etag(self.leader, self.holder, self.term)
+
+    def encoded(self) -> bytes:
+        """``to_json`` as the bytes ``GET /leader`` sends. An app polling hard asks many
+        times a millisecond, and the answer changes at most once a millisecond
+        (``valid_for_seconds``): the same answer is encoded once."""
+        return _encoded(
+            self.leader, self.identity, self.holder, self.term, self.lease,
+            self.lease_duration, round(self.valid_for, 3), self.since,
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +59,27 @@ class LeaderStatus:
             "valid_for_seconds": round(self.valid_for, 3),
             "since": iso_utc(self.since),
         }
+
+
+@functools.lru_cache(maxsize=64)
+def _etag(leader: bool, holder: str | None, term: int) -> str:
+    key = f"{int(leader)}|{holder or ''}|{term}".encode()
+    return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
+
+
+@functools.lru_cache(maxsize=16)
+def _encoded(
+    leader: bool,
+    identity: str,
+    holder: str | None,
+    term: int,
+    lease: str,
+    lease_duration: float,
+    valid_for: float,
+    since: datetime | None,
+) -> bytes:
+    status = LeaderStatus(leader, identity, holder, term, lease, lease_duration, valid_for, since)
+    return json.dumps(status.to_json()).encode()
 
 
 @dataclasses.dataclass(frozen=True)
