@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import logs
+from sidecar.backends import store_commands
 from sidecar.binding import ListenFailed
 from sidecar.config import Config, load
 from sidecar.config_error import ConfigError
@@ -67,10 +68,9 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "postgresql-schema":
-        from sidecar.backends.postgresql.command import main as postgresql_schema
-
-        return postgresql_schema(args[1:])
+    store_command = store_commands().get(args[0]) if args else None
+    if store_command is not None:  # a store's own, e.g. creating its schema
+        return store_command.run(args[1:])
     if args and args[0] in ("status", "transfer", "hold", "resume"):
         from sidecar import commands
 
@@ -86,18 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    store_url = config.store if "://" in config.store else None  # "kubernetes" is no secret
-    scrub = Scrubber(
-        secret_values(
-            [
-                store_url,
-                config.redis_password,
-                config.redis_sentinel_password,
-                config.etcd_password,
-            ],
-            os.environ,
-        )
-    )
+    store_url = config.store if "://" in config.store else None  # a bare name is no secret
+    scrub = Scrubber(secret_values([store_url, *config.store_settings.secrets()], os.environ))
     logs.configure(config.log_format, config.log_level, scrub)
     # The *_created series double every counter's output and no alert or dashboard uses them.
     from prometheus_client import disable_created_metrics

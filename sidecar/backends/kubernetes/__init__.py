@@ -10,6 +10,7 @@ record Events.
 * `client` — requests, deadlines, error mapping, MicroTime; `kubeconfig` — where the API server
   is and the credentials (service account or kubeconfig).
 * `demotion` — the pod role label and the Events.
+* `description` — the store as the sidecar knows it: ``--kubeconfig``, its actions.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.backends.kubernetes.client import SERVICE_ACCOUNT_TOKEN, KubeApi, in_cluster
+from sidecar.backends.kubernetes.description import kubeconfig_of
 from sidecar.backends.kubernetes.store import KubernetesLeaseStore
 from sidecar.backends.kubernetes.store_client import PER_NAME_WATCH_LIMIT, KubernetesStoreClient
 from sidecar.config_error import ConfigError
@@ -28,8 +30,8 @@ from sidecar.service_account import SERVICE_ACCOUNT_DIR
 
 if TYPE_CHECKING:
     from sidecar.backends.base import LeaseStore
+    from sidecar.backends.description import StoreConfig
     from sidecar.backends.kubernetes.demotion import LeaseEvents
-    from sidecar.config import Config
     from sidecar.demotion import Action
     from sidecar.status import GapAlert
     from sidecar.supervisor import Supervisor
@@ -46,10 +48,10 @@ __all__ = [
 ]
 
 
-def _api(config: Config) -> KubeApi:
+def _api(config: StoreConfig) -> KubeApi:
     """The API of ``--store kubernetes``: the kubeconfig if one is given (``--kubeconfig`` or
     ``KUBECONFIG``), else the pod's service account."""
-    if not config.kubeconfig and not in_cluster():
+    if not kubeconfig_of(config) and not in_cluster():
         raise ConfigError(
             "--store",
             config.store,
@@ -58,18 +60,19 @@ def _api(config: Config) -> KubeApi:
             "a cluster",
         )
     _check_proxy(config)
-    return KubeApi(config.kubeconfig, config.timing.request_timeout)
+    return KubeApi(kubeconfig_of(config), config.timing.request_timeout)
 
 
-def _check_proxy(config: Config) -> None:
+def _check_proxy(config: StoreConfig) -> None:
     """A proxy variable that applies to the API server and cannot be used (a SOCKS proxy)
     stops the sidecar at start, as a bad kubeconfig does, not at its first request."""
     from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
     from sidecar.backends.kubernetes.proxy import ProxyError, from_environment
 
+    path = kubeconfig_of(config)
     try:
-        if config.kubeconfig:
-            kubeconfig = Kubeconfig.read(config.kubeconfig)
+        if path:
+            kubeconfig = Kubeconfig.read(path)
             if kubeconfig.proxy() is not None:
                 return  # the kubeconfig's proxy-url wins
             server = str(kubeconfig.cluster.fields["server"])
@@ -81,10 +84,10 @@ def _check_proxy(config: Config) -> None:
     except ProxyError as exc:
         raise ConfigError(exc.setting, exc.value, exc.reason) from None
     except KubeconfigError as exc:
-        raise ConfigError("--kubeconfig", config.kubeconfig, str(exc)) from None
+        raise ConfigError("--kubeconfig", path, str(exc)) from None
 
 
-def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
+def open_kubernetes_store(config: StoreConfig) -> KubernetesLeaseStore:
     """The store of the one lease ``--lease``, with a client of its own."""
     return KubernetesLeaseStore(
         config.namespace,
@@ -94,14 +97,14 @@ def open_kubernetes_store(config: Config) -> KubernetesLeaseStore:
     )
 
 
-def served_leases(config: Config) -> tuple[str, int]:
+def served_leases(config: StoreConfig) -> tuple[str, int]:
     """(group, number of Leases) this sidecar serves: ``--lease a,b`` times ``--shards N``,
     group ``--group`` or the first lease."""
     return config.candidate_group, len(config.lease_names)
 
 
 def open_kubernetes_client(
-    config: Config, supervisor: Supervisor | None = None
+    config: StoreConfig, supervisor: Supervisor | None = None
 ) -> KubernetesStoreClient:
     """One client for every lease of this sidecar; a shared namespace watch past
     `PER_NAME_WATCH_LIMIT` leases (see store_client.py), run under ``supervisor``."""
@@ -116,7 +119,7 @@ def open_kubernetes_client(
     )
 
 
-def pod_namespace(config: Config) -> str:
+def pod_namespace(config: StoreConfig) -> str:
     """The pods' namespace: ``POD_NAMESPACE`` (downward API), else the service account's, else
     the Lease's. A Lease may live in another namespace than the pods (``--namespace``)."""
     if os.environ.get("POD_NAMESPACE"):
@@ -127,11 +130,11 @@ def pod_namespace(config: Config) -> str:
         return config.namespace
 
 
-def _api_of(config: Config, store: LeaseStore) -> tuple[KubeApi, Callable[[], str | None]]:
+def _api_of(config: StoreConfig, store: LeaseStore) -> tuple[KubeApi, Callable[[], str | None]]:
     if isinstance(store, KubernetesLeaseStore):
         return store.api, lambda: store.uid
     # A store injected by a test: same API server, its own client.
-    return KubeApi(config.kubeconfig, config.timing.request_timeout), lambda: None
+    return KubeApi(kubeconfig_of(config), config.timing.request_timeout), lambda: None
 
 
 def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
@@ -141,25 +144,29 @@ def _previous_holder(store: LeaseStore) -> Callable[[], str | None]:
 
 
 def demotion_actions(
-    config: Config,
+    config: StoreConfig,
     store: LeaseStore,
     refusing: Callable[[], bool] = lambda: False,
     stores: Mapping[str, LeaseStore] | None = None,
+    *,
+    role_label_key: str | None = None,
 ) -> list[Action]:
     """Relabel pods, then record the Event, on every transition; not retried while
     ``refusing`` (the sidecar's store probe says the API server refuses). ``stores``: every
-    lease's store by the name users see, so that each Event names its own Lease."""
+    lease's store by the name users see, so that each Event names its own Lease.
+    ``role_label_key``: instead of the configured one ("": label nothing)."""
     from sidecar.backends.kubernetes.demotion import PodRoleLabel
 
     api, lease_uid = _api_of(config, store)
     actions: list[Action] = []
-    if config.role_label_key and config.pod_name:
+    label_key = config.role_label_key if role_label_key is None else role_label_key
+    if label_key and config.pod_name:
         actions.append(
             PodRoleLabel(
                 api,
                 pod_namespace(config),
                 config.pod_name,
-                config.role_label_key,
+                label_key,
                 _previous_holder(store),
                 refusing=refusing,
             )
@@ -169,7 +176,7 @@ def demotion_actions(
             logger,
             "info",
             "not labelling pods with their role",
-            why="--role-label-key is empty" if not config.role_label_key else "POD_NAME is not set",
+            why="--role-label-key is empty" if not label_key else "POD_NAME is not set",
             hint="set POD_NAME from the downward API (fieldRef: metadata.name)",
         )
     actions.append(_lease_events(config, api, lease_uid, refusing, stores))
@@ -177,7 +184,7 @@ def demotion_actions(
 
 
 def gap_alert_listener(
-    config: Config,
+    config: StoreConfig,
     store: LeaseStore,
     refusing: Callable[[], bool] = lambda: False,
     stores: Mapping[str, LeaseStore] | None = None,
@@ -187,7 +194,7 @@ def gap_alert_listener(
 
 
 def app_alone_listener(
-    config: Config,
+    config: StoreConfig,
     store: LeaseStore,
     refusing: Callable[[], bool] = lambda: False,
     stores: Mapping[str, LeaseStore] | None = None,
@@ -197,7 +204,7 @@ def app_alone_listener(
 
 
 def _lease_events(
-    config: Config,
+    config: StoreConfig,
     api: KubeApi,
     lease_uid: Callable[[], str | None],
     refusing: Callable[[], bool],

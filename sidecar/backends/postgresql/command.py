@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sidecar.config import parse_store
+from sidecar.backends import parse_store
 from sidecar.config_error import ConfigError
 from sidecar.redact import Scrubber, secret_values
 
