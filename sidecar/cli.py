@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sidecar import logs
 from sidecar.backends import store_commands
@@ -66,6 +66,13 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
         signals.detach()
 
 
+def scrubber(config: Config, environ: Mapping[str, str]) -> Scrubber:
+    """What hides the secrets of this configuration: the store URL's passwords, the store's
+    secret settings, and every variable whose name looks secret."""
+    store_url = config.store if "://" in config.store else None  # a bare name is no secret
+    return Scrubber(secret_values([store_url, *config.store_settings.secrets()], environ))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     store_command = store_commands().get(args[0]) if args else None
@@ -86,8 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    store_url = config.store if "://" in config.store else None  # a bare name is no secret
-    scrub = Scrubber(secret_values([store_url, *config.store_settings.secrets()], os.environ))
+    scrub = scrubber(config, os.environ)
     logs.configure(config.log_format, config.log_level, scrub)
     # The *_created series double every counter's output and no alert or dashboard uses them.
     from prometheus_client import disable_created_metrics

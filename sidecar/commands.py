@@ -350,7 +350,7 @@ def resume_parser() -> argparse.ArgumentParser:
 def _store_config(prog: str, parsed: dict[str, Any]) -> Config | None:
     """The store and leases from the status flags (and their variables); None after a
     one-line error on stderr. The command's own one line says why a store did not answer:
-    the store clients' warnings ("redis unavailable") would print before it through
+    the store clients' warnings ("… unavailable") would print before it through
     logging's last-resort handler."""
     logging.getLogger("sidecar").addHandler(logging.NullHandler())
     flags = [

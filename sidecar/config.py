@@ -411,10 +411,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def in_cluster(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
-
-
 def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Flags win over ``LEADER_SIDECAR_*`` variables, which win over defaults.
     Raises `ConfigError`; argparse itself exits 2 on unknown flags."""
@@ -434,9 +430,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as exc:
             raise ConfigError(source, raw, str(exc)) from None
 
-    cluster = in_cluster(environ)
     # The default is checked too: the embedded store's directory must be writable.
-    store = values.get("store") or parse_store(default_store(cluster))
+    store = values.get("store") or parse_store(default_store(environ))
     backend = store_of(store)
     listed = values.get("lease")
     lease = listed[0] if listed else None
@@ -564,7 +559,7 @@ def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
 
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see --help for the variables"
-            # Not the value: a misspelt LEADER_SIDECAR_REDIS_PASSWROD holds a password.
+            # Not the value: a misspelt LEADER_SIDECAR_…_PASSWROD holds a password.
             raise ConfigError(name, "", f"unknown setting; {hint}")
 
 

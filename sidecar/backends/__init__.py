@@ -8,6 +8,7 @@ Adding a store is a folder and one line in `STORES` (docs/development.md, "Addin
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.backends.description import Command, Store, StoreConfig, WrongForm
@@ -42,8 +43,10 @@ _BARE = {store.example: store for store in STORES if "://" not in store.example}
 STORE_HELP = "must be " + ", ".join(store.forms for store in STORES)
 
 
-def default_store(in_cluster: bool) -> str:
-    return IN_CLUSTER if in_cluster else EMBEDDED
+def default_store(environ: Mapping[str, str]) -> str:
+    """In a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` set) the Kubernetes store, else the
+    embedded one."""
+    return IN_CLUSTER if environ.get("KUBERNETES_SERVICE_HOST") else EMBEDDED
 
 
 def store_of(url: str) -> Store:

@@ -16,16 +16,32 @@ aiohttp: no gRPC library. The guarantees, the layout and the operations are in d
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.etcd.client import EtcdStoreClient
-from sidecar.backends.etcd.description import settings_of
-from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
-from sidecar.backends.etcd.target import EtcdTarget, parse_target
+from sidecar.backends.etcd.target import EtcdTarget, parse_target, settings_of
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
+    from sidecar.backends.etcd.client import EtcdStoreClient
+    from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
     from sidecar.supervisor import Supervisor
+
+# Imported when first used, not with the package: the store's description is read by the
+# configuration whichever store is chosen.
+_LAZY = {
+    "EtcdStoreClient": "sidecar.backends.etcd.client",
+    "EtcdLease": "sidecar.backends.etcd.store",
+    "EtcdLeaseStore": "sidecar.backends.etcd.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EtcdLease",
@@ -57,6 +73,8 @@ def target_of(config: StoreConfig) -> EtcdTarget:
 def open_etcd_client(config: StoreConfig, supervisor: Supervisor | None = None) -> EtcdStoreClient:
     """The client shared by every lease of the sidecar; its watch streams run under
     ``supervisor``."""
+    from sidecar.backends.etcd.client import EtcdStoreClient
+
     timing = config.timing
     return EtcdStoreClient(
         target_of(config),
@@ -71,6 +89,8 @@ def open_etcd_client(config: StoreConfig, supervisor: Supervisor | None = None) 
 
 def open_etcd_store(config: StoreConfig) -> EtcdLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
+    from sidecar.backends.etcd.store import EtcdLeaseStore
+
     return EtcdLeaseStore(
         target_of(config), config.lease, request_timeout=config.timing.request_timeout
     )

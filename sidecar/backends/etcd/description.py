@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -11,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from sidecar.backends.description import (
     Store,
     StoreConfig,
-    StoreSettings,
     WrongForm,
     check_files,
     check_together,
 )
 from sidecar.backends.endpoints import is_host_port
+from sidecar.backends.etcd.target import EtcdSettings
 from sidecar.options import Option, parse_text
 
 if TYPE_CHECKING:
@@ -43,18 +42,6 @@ OPTIONS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class EtcdSettings(StoreSettings):
-    username: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    def secrets(self) -> tuple[str | None, ...]:
-        return (self.password,)
-
-
 def check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
     hosts = [part for part in parsed.netloc.rpartition("@")[2].split(",") if part]
@@ -76,11 +63,6 @@ def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> EtcdSetti
         cert_file=values.get("etcd_cert_file"),
         key_file=values.get("etcd_key_file"),
     )
-
-
-def settings_of(config: StoreConfig) -> EtcdSettings:
-    found = config.store_settings
-    return found if isinstance(found, EtcdSettings) else EtcdSettings()
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:

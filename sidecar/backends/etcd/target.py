@@ -9,6 +9,7 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
+from sidecar.backends.description import StoreConfig, StoreSettings
 from sidecar.backends.endpoints import join_host, split_host_port
 from sidecar.backends.tls import flags_context
 from sidecar.config_error import ConfigError
@@ -115,3 +116,23 @@ def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]
         return split_host_port(text, DEFAULT_PORT)
     except ValueError:
         raise bad(f"{text!r} is not HOST or HOST:PORT") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSettings(StoreSettings):
+    """The ``--etcd-*`` options, parsed: ``Config.store_settings`` with this store."""
+
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def secrets(self) -> tuple[str | None, ...]:
+        return (self.password,)
+
+
+def settings_of(config: StoreConfig) -> EtcdSettings:
+    """The configured ``--etcd-*`` options (none given: the defaults)."""
+    found = config.store_settings
+    return found if isinstance(found, EtcdSettings) else EtcdSettings()

@@ -4,7 +4,6 @@ and the store's transition actions (the pod role label and the Events)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -13,10 +12,10 @@ from sidecar.backends.description import (
     Store,
     StoreActions,
     StoreConfig,
-    StoreSettings,
     WrongForm,
     check_files,
 )
+from sidecar.backends.kubernetes.settings import KubernetesSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_text
 
@@ -37,18 +36,6 @@ OPTIONS = (
         "PATH",
     ),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class KubernetesSettings(StoreSettings):
-    kubeconfig: str | None = None
-    """``--kubeconfig``, else ``KUBECONFIG``; None: the pod's service account."""
-    context_namespace: str | None = None
-    """The kubeconfig's current context's namespace, as kubectl would use it."""
-
-    @property
-    def namespace(self) -> str | None:
-        return self.context_namespace
 
 
 def check_url(url: str) -> str:
@@ -84,13 +71,8 @@ def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
     return config.namespace
 
 
-def kubeconfig_of(config: StoreConfig) -> str | None:
-    found = config.store_settings
-    return found.kubeconfig if isinstance(found, KubernetesSettings) else None
-
-
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
-    from sidecar.backends.kubernetes import open_kubernetes_client
+    from sidecar.backends.kubernetes.wiring import open_kubernetes_client
 
     return open_kubernetes_client(config, supervisor)
 
@@ -98,7 +80,7 @@ def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: b
 def actions(context: ActionsContext) -> StoreActions:
     """Relabel pods and record Events on every transition; a Warning Event for a renewal gap
     and for a lease led with the app down and nobody to take it."""
-    from sidecar.backends.kubernetes import (
+    from sidecar.backends.kubernetes.wiring import (
         app_alone_listener,
         demotion_actions,
         gap_alert_listener,

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.redis.description import settings_of
-from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target
+from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target, settings_of
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -11,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from sidecar.backends.description import (
     Store,
     StoreConfig,
-    StoreSettings,
     WrongForm,
     check_files,
     check_together,
 )
 from sidecar.backends.endpoints import is_host_port
+from sidecar.backends.redis.target import RedisSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_count, parse_text
 
@@ -59,20 +58,6 @@ OPTIONS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class RedisSettings(StoreSettings):
-    username: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    min_replicas: int = 0
-    sentinel_password: str | None = dataclasses.field(default=None, repr=False)
-
-    def secrets(self) -> tuple[str | None, ...]:
-        return (self.password, self.sentinel_password)
-
-
 def check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
     hosts = [part for part in parsed.netloc.rpartition("@")[2].split(",") if part]
@@ -102,11 +87,6 @@ def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> RedisSett
         min_replicas=values.get("redis_min_replicas", 0),
         sentinel_password=values.get("redis_sentinel_password"),
     )
-
-
-def settings_of(config: StoreConfig) -> RedisSettings:
-    found = config.store_settings
-    return found if isinstance(found, RedisSettings) else RedisSettings()
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:

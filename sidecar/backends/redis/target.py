@@ -7,6 +7,7 @@ import dataclasses
 import urllib.parse
 from collections.abc import Callable
 
+from sidecar.backends.description import StoreConfig, StoreSettings
 from sidecar.backends.endpoints import join_host as join_host  # (the client shows hosts too)
 from sidecar.backends.endpoints import split_host_port
 from sidecar.backends.tls import flags_context
@@ -132,3 +133,25 @@ def check_tls_files(target: RedisTarget) -> None:
     with the flag's name instead of failing every request later."""
     if target.tls:
         flags_context("redis", target.ca_file, target.cert_file, target.key_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisSettings(StoreSettings):
+    """The ``--redis-*`` options, parsed: ``Config.store_settings`` with this store."""
+
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    min_replicas: int = 0
+    sentinel_password: str | None = dataclasses.field(default=None, repr=False)
+
+    def secrets(self) -> tuple[str | None, ...]:
+        return (self.password, self.sentinel_password)
+
+
+def settings_of(config: StoreConfig) -> RedisSettings:
+    """The configured ``--redis-*`` options (none given: the defaults)."""
+    found = config.store_settings
+    return found if isinstance(found, RedisSettings) else RedisSettings()

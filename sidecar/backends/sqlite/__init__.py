@@ -16,9 +16,23 @@ connection, one thread and one change poller (`watch`); `SQLiteLeaseStore` is on
 client of its own. Candidate records live in the same file (`candidates`).
 """
 
-from pathlib import Path
+from __future__ import annotations
 
-from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
+
+
+def __getattr__(name: str) -> Any:
+    """The client and the store, imported when first used: the store's description is read
+    by the configuration whichever store is chosen."""
+    if name in ("SQLiteLeaseStore", "SQLiteStoreClient"):
+        from sidecar.backends.sqlite import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sqlite_path(url: str) -> str:

@@ -30,7 +30,7 @@ def check_url(url: str) -> str:
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
-    from sidecar.backends.sqlite import SQLiteStoreClient
+    from sidecar.backends.sqlite.client import SQLiteStoreClient
 
     return SQLiteStoreClient(
         sqlite_path(config.store),
