@@ -20,7 +20,7 @@ from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
 from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Config, HostPort
+from sidecar.config import Config
 from sidecar.config_error import ConfigError
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector
@@ -28,6 +28,7 @@ from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import AppMetrics, for_config
+from sidecar.options import HostPort
 from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
 

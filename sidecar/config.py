@@ -34,7 +34,6 @@ from sidecar.options import (
     Parser,
     VersionAction,
     add_options,
-    duration_seconds,
     parse_bool,
     parse_choice,
     parse_count,
@@ -55,15 +54,12 @@ from sidecar.options import (
 from sidecar.service_account import SERVICE_ACCOUNT_DIR
 from sidecar.timing import Timing
 
-__all__ = [  # (what the rest of the sidecar and the tests import from here)
+__all__ = [  # (the parsers and HostPort as the tests import them from here too)
     "ENV_PREFIX",
     "OPTIONS",
     "Config",
     "HostPort",
     "Option",
-    "Parser",
-    "add_options",
-    "duration_seconds",
     "load",
     "parse_duration",
     "parse_host_port",
@@ -367,10 +363,6 @@ class Config:
     @property
     def lease_ref(self) -> str:
         return self.ref(self.lease)
-
-    @property
-    def store_scheme(self) -> str:
-        return self.store.partition(":")[0]
 
 
 # -- building it ------------------------------------------------------------------------------
