@@ -36,3 +36,10 @@ def is_host_port(text: str, *, bare_ipv6: bool = True) -> bool:
 def join_host(host: str, port: int) -> str:
     """The inverse of `split_host_port`: brackets around an IPv6 address."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def netloc_ok(netloc: str) -> bool:
+    """A URL's ``[user[:password]@]host[:port][,host[:port]…]`` names something, and each
+    host in it is well formed (the store parses it whole when it connects)."""
+    hosts = [part for part in netloc.rpartition("@")[2].split(",") if part]
+    return bool(netloc) and all(is_host_port(part) for part in hosts)

@@ -16,9 +16,10 @@ aiohttp: no gRPC library. The guarantees, the layout and the operations are in d
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sidecar.backends.etcd.target import EtcdTarget, parse_target, settings_of
+from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
@@ -26,21 +27,13 @@ if TYPE_CHECKING:
     from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
     from sidecar.supervisor import Supervisor
 
-# Imported when first used, not with the package: the store's description is read by the
-# configuration whichever store is chosen.
 _LAZY = {
     "EtcdStoreClient": "sidecar.backends.etcd.client",
     "EtcdLease": "sidecar.backends.etcd.store",
     "EtcdLeaseStore": "sidecar.backends.etcd.store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from sidecar.backends.description import (
     check_files,
     check_together,
 )
-from sidecar.backends.endpoints import is_host_port
+from sidecar.backends.endpoints import netloc_ok
 from sidecar.backends.etcd.target import EtcdSettings
 from sidecar.options import Option, parse_text
 
@@ -44,8 +44,7 @@ OPTIONS = (
 
 def check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
-    hosts = [part for part in parsed.netloc.rpartition("@")[2].split(",") if part]
-    if not parsed.netloc or not all(is_host_port(part) for part in hosts):
+    if not netloc_ok(parsed.netloc):
         raise WrongForm()
     return url
 

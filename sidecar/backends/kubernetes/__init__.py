@@ -16,7 +16,9 @@ record Events.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sidecar.backends.kubernetes.store import KubernetesLeaseStore
@@ -29,8 +31,6 @@ if TYPE_CHECKING:
         open_kubernetes_store,
     )
 
-# Imported when first used, not with the package: the store's description is read by the
-# configuration whichever store is chosen.
 _LAZY = {
     "KubernetesLeaseStore": "sidecar.backends.kubernetes.store",
     "KubernetesStoreClient": "sidecar.backends.kubernetes.store_client",
@@ -41,13 +41,7 @@ _LAZY = {
     "open_kubernetes_store": "sidecar.backends.kubernetes.wiring",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

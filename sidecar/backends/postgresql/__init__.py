@@ -31,8 +31,9 @@ Layout (schema ``leader_sidecar``, created on first use when the role may, else 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sidecar.backends.lazy import lazy_names
 from sidecar.backends.postgresql.target import PostgresTarget, parse_target
 
 if TYPE_CHECKING:
@@ -49,13 +50,7 @@ _LAZY = {
     "PostgresLeaseStore": "sidecar.backends.postgresql.lease",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

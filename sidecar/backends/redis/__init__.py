@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sidecar.backends.lazy import lazy_names
 from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target, settings_of
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
     from sidecar.backends.redis.store import RedisLease, RedisLeaseStore
     from sidecar.supervisor import Supervisor
 
-# Imported when first used, not with the package: the store's description is read by the
-# configuration whichever store is chosen, and redis-py is imported only for this one.
 _LAZY = {
     "RedisStoreClient": "sidecar.backends.redis.client",
     "RedisLease": "sidecar.backends.redis.store",
@@ -58,13 +57,7 @@ _LAZY = {
     "lease_keys": "sidecar.backends.redis.scripts",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

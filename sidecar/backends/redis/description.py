@@ -14,7 +14,7 @@ from sidecar.backends.description import (
     check_files,
     check_together,
 )
-from sidecar.backends.endpoints import is_host_port
+from sidecar.backends.endpoints import netloc_ok
 from sidecar.backends.redis.target import RedisSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_count, parse_text
@@ -60,8 +60,7 @@ OPTIONS = (
 
 def check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
-    hosts = [part for part in parsed.netloc.rpartition("@")[2].split(",") if part]
-    if not parsed.netloc or not all(is_host_port(part) for part in hosts):
+    if not netloc_ok(parsed.netloc):
         raise WrongForm()
     if parsed.scheme == "redis+sentinel" and not parsed.path.strip("/"):
         raise WrongForm("a redis+sentinel:// URL needs the master name as its path")

@@ -19,20 +19,18 @@ client of its own. Candidate records live in the same file (`candidates`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
 
 
-def __getattr__(name: str) -> Any:
-    """The client and the store, imported when first used: the store's description is read
-    by the configuration whichever store is chosen."""
-    if name in ("SQLiteLeaseStore", "SQLiteStoreClient"):
-        from sidecar.backends.sqlite import client
-
-        return getattr(client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {name: "sidecar.backends.sqlite.client" for name in ("SQLiteLeaseStore", "SQLiteStoreClient")},
+)
 
 
 def sqlite_path(url: str) -> str:
