@@ -20,11 +20,11 @@ from sidecar.app_check import Heartbeat
 from sidecar.backends.base import is_hold
 from sidecar.changes import ChangeFeed
 from sidecar.clock import iso_utc
-from sidecar.config import duration_seconds
 from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.logs import Throttle, log
+from sidecar.options import duration_seconds
 from sidecar.release_guard import release_refusal
 from sidecar.status import LeaderStatus
 from sidecar.supervisor import Supervisor

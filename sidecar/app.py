@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,9 +17,10 @@ from sidecar.api_thread import ApiThread
 from sidecar.app_check import CHECK_OUTCOMES, AppCheck
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
+from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
 from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.config import Config, HostPort
+from sidecar.config import Config
 from sidecar.config_error import ConfigError
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
 from sidecar.elector import Elector
@@ -28,6 +28,7 @@ from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import AppMetrics, for_config
+from sidecar.options import HostPort
 from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
 
@@ -89,6 +90,7 @@ class Sidecar:
                 clock=clock,
                 supervisor=self.supervisor,
             )
+        store_actions = self._store_actions()
         # Leadership follows the app (`sidecar.app_check`), when a check is configured.
         self.app_check: AppCheck | None = None
         self.app_metrics: AppMetrics | None = None
@@ -104,14 +106,14 @@ class Sidecar:
             )
             self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
             self.leases.use_app(self.app_check, self.app_metrics.handover)
-            self._app_alone_listener = self._store_app_alone_listener()
+            self._app_alone_listener = store_actions.on_app_alone
             if self._app_alone_listener is not None:
                 self.leases.on_app_alone = self._on_app_alone
         self.elector = self.leases.primary  # the first lease: `GET /leader` when it is the only
         self.store = self.elector.store
         self.metrics = self.elector.metrics
-        actions, self._gap_listener = self._store_actions()
-        self.actions = ActionRunner([*actions, *self._app_actions()])
+        self._gap_listener = store_actions.on_gap_alert
+        self.actions = ActionRunner([*store_actions.on_transition, *self._app_actions()])
         submit, on_gap_alert = self.actions.submit, self._on_gap_alert  # one each, shared
         for elector in self.leases.electors.values():
             elector.on_transition(submit)
@@ -123,35 +125,16 @@ class Sidecar:
         self._background: set[asyncio.Task[None]] = set()
         self.addresses: dict[str, HostPort] = {}
 
-    def _store_actions(
-        self,
-    ) -> tuple[list[Action], Callable[[GapAlert], Awaitable[None]] | None]:
-        """What only a store can do: on Kubernetes, relabel pods and record Events."""
-        if self.config.store != "kubernetes":
-            return [], None
-        from sidecar.backends.kubernetes import demotion_actions, gap_alert_listener
-
-        config = self.config
-        if len(config.lease_names) > 1:
-            # One pod label cannot say which of several leases a pod leads: label nothing,
-            # record the Events (each names its lease).
-            config = dataclasses.replace(config, role_label_key="")
-        refusing = self._store_refusing
+    def _store_actions(self) -> StoreActions:
+        """What only the chosen store can do around a transition (on Kubernetes: relabel pods
+        and record Events)."""
+        build = self.config.backend.actions
+        if build is None:
+            return NO_ACTIONS
         stores = {shown: elector.store for shown, elector in self.leases.electors.items()}
-        return (
-            demotion_actions(config, self.store, refusing, stores),
-            gap_alert_listener(config, self.store, refusing, stores),
+        return build(
+            ActionsContext(self.config, self.leases.primary.store, stores, self._store_refusing)
         )
-
-    def _store_app_alone_listener(self) -> Callable[[str, str | None], Awaitable[None]] | None:
-        """On Kubernetes, an Event for a lease led with the app down and nobody to take it."""
-        if self.config.store != "kubernetes":
-            return None
-        from sidecar.backends.kubernetes import app_alone_listener
-
-        stores = {shown: elector.store for shown, elector in self.leases.electors.items()}
-        primary = self.leases.primary.store
-        return app_alone_listener(self.config, primary, self._store_refusing, stores)
 
     def _on_app_alone(self, leases: list[str], why: str | None) -> None:
         assert self._app_alone_listener is not None

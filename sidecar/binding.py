@@ -18,7 +18,7 @@ import errno
 import socket
 from collections.abc import Sequence
 
-from sidecar.config import HostPort
+from sidecar.options import HostPort
 
 # An address family or address this host does not have: nothing can connect there.
 _ABSENT = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})

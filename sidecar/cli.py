@@ -7,9 +7,10 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sidecar import logs
+from sidecar.backends import store_commands
 from sidecar.binding import ListenFailed
 from sidecar.config import Config, load
 from sidecar.config_error import ConfigError
@@ -65,12 +66,18 @@ async def serve(config: Config, scrub: Scrubber, signals: Signals) -> int:
         signals.detach()
 
 
+def scrubber(config: Config, environ: Mapping[str, str]) -> Scrubber:
+    """What hides the secrets of this configuration: the store URL's passwords, the store's
+    secret settings, and every variable whose name looks secret."""
+    store_url = config.store if "://" in config.store else None  # a bare name is no secret
+    return Scrubber(secret_values([store_url, *config.store_settings.secrets()], environ))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "postgresql-schema":
-        from sidecar.backends.postgresql.command import main as postgresql_schema
-
-        return postgresql_schema(args[1:])
+    store_command = store_commands().get(args[0]) if args else None
+    if store_command is not None:  # a store's own, e.g. creating its schema
+        return store_command.run(args[1:])
     if args and args[0] in ("status", "transfer", "hold", "resume"):
         from sidecar import commands
 
@@ -86,18 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"leader-sidecar: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    store_url = config.store if "://" in config.store else None  # "kubernetes" is no secret
-    scrub = Scrubber(
-        secret_values(
-            [
-                store_url,
-                config.redis_password,
-                config.redis_sentinel_password,
-                config.etcd_password,
-            ],
-            os.environ,
-        )
-    )
+    scrub = scrubber(config, os.environ)
     logs.configure(config.log_format, config.log_level, scrub)
     # The *_created series double every counter's output and no alert or dashboard uses them.
     from prometheus_client import disable_created_metrics

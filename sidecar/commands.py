@@ -27,11 +27,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sidecar import bounded_json
+from sidecar.backends import store_options
 from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError, is_hold
 from sidecar.backends.records import MAX_LEASE_SECONDS
-from sidecar.config import OPTIONS, Config, Option, Parser, add_options, load, parse_duration
+from sidecar.config import OPTIONS, Config, load
 from sidecar.config_error import ConfigError
 from sidecar.hold import DEFAULT_HOLD, HoldRefused, default_who, hold, parse_hold, resume
+from sidecar.options import Option, Parser, add_options, parse_duration
 from sidecar.redact import redact_url, terminal_text
 from sidecar.release_guard import RELEASE_HEADER
 
@@ -200,12 +202,12 @@ def _note(candidate: dict[str, Any]) -> str:
 
 
 # The sidecar's settings that say where the store and the leases are: `status` takes these
-# (and their LEADER_SIDECAR_* variables), not the flags of a running sidecar's listeners.
+# and every store's own options (and their LEADER_SIDECAR_* variables), not the flags of a
+# running sidecar's listeners.
 _STORE_FLAGS = (
     "--store", "--lease", "--shards", "--group", "--namespace", "--lease-duration",
-    "--request-timeout", "--kubeconfig",
+    "--request-timeout",
 )  # fmt: skip
-_STORE_PREFIXES = ("--redis-", "--etcd-", "--postgresql-")
 _STATUS_EPILOG = """\
 Every flag above can also be set as LEADER_SIDECAR_<FLAG>, as for the sidecar itself, so in
 a sidecar's container `leader-sidecar status` alone reads that sidecar's store and leases.
@@ -222,7 +224,8 @@ exit status: 0 handed over, 1 refused by the sidecar or the sidecar not reached,
 
 
 def status_options() -> list[Option]:
-    return [o for o in OPTIONS if o.flag in _STORE_FLAGS or o.flag.startswith(_STORE_PREFIXES)]
+    own = set(store_options())
+    return [o for o in OPTIONS if o.flag in _STORE_FLAGS or o in own]
 
 
 def status_parser() -> argparse.ArgumentParser:
@@ -348,7 +351,7 @@ def resume_parser() -> argparse.ArgumentParser:
 def _store_config(prog: str, parsed: dict[str, Any]) -> Config | None:
     """The store and leases from the status flags (and their variables); None after a
     one-line error on stderr. The command's own one line says why a store did not answer:
-    the store clients' warnings ("redis unavailable") would print before it through
+    the store clients' warnings ("… unavailable") would print before it through
     logging's last-resort handler."""
     logging.getLogger("sidecar").addHandler(logging.NullHandler())
     flags = [

@@ -10,298 +10,71 @@ import os
 import re
 import secrets
 import socket
-import sys
-import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sidecar.app_check import NO_APP_CHECK, AppCheckSettings, parse_health_url
+from sidecar.backends import (
+    STORES,
+    default_store,
+    parse_store,
+    store_commands,
+    store_help,
+    store_of,
+    store_options,
+)
+from sidecar.backends.description import NO_SETTINGS, Store, StoreSettings
 from sidecar.config_error import ConfigError
 from sidecar.limits import DEFAULT_LIMITS, Limits
+from sidecar.options import (
+    ENV_PREFIX,
+    MAX_LEASES,
+    HostPort,
+    Option,
+    Parser,
+    VersionAction,
+    add_options,
+    parse_bool,
+    parse_choice,
+    parse_count,
+    parse_duration,
+    parse_duration_or_zero,
+    parse_host_port,
+    parse_identity,
+    parse_lease_list,
+    parse_name,
+    parse_positive_count,
+    parse_priority,
+    parse_revision,
+    parse_shards,
+    parse_signal,
+    parse_text,
+    parse_url,
+)
 from sidecar.service_account import SERVICE_ACCOUNT_DIR
-from sidecar.timing import DURATION_HELP, Timing
+from sidecar.timing import Timing
 
-ENV_PREFIX = "LEADER_SIDECAR_"
-
-
-# -- value parsers: each raises ValueError whose message says what is allowed ----------------
-
-# Durations also arrive in requests (``GET /leader?wait=``), so parsing one must cost the same
-# small, bounded time for any input: a length cap first, then one pass over ASCII characters.
-# No regular expression: the one used before backtracked quadratically on a digit followed by
-# thousands of spaces (a URL-encoded ``+``), and a handful of such requests stalled the loop.
-MAX_DURATION_CHARS = 32
-_UNIT = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit() and float() take any script's
-
-
-def duration_seconds(text: str) -> float | None:
-    """``1.5`` / ``1500ms`` / ``2s`` / ``1m`` / ``1h`` (blanks around it allowed) → seconds,
-    0 included; None for anything else. Runs in time bounded by `MAX_DURATION_CHARS`."""
-    if len(text) > MAX_DURATION_CHARS:
-        return None
-    body = text.strip(" \t")
-    split = len(body)
-    while split > 0 and body[split - 1] in "mhs":
-        split -= 1
-    unit = body[split:]
-    number = body[:split].rstrip(" \t")
-    if unit not in _UNIT or not number or number.count(".") > 1:
-        return None
-    if not set(number) <= _DIGITS | {"."} or number == ".":
-        return None
-    return float(number) * _UNIT[unit]
-
-
-def parse_duration(text: str) -> float:
-    """A duration for a flag: like `duration_seconds`, and more than zero."""
-    seconds = duration_seconds(text)
-    if seconds is None or seconds <= 0:
-        raise ValueError(DURATION_HELP)
-    return seconds
-
-
-def parse_duration_or_zero(text: str) -> float:
-    """A duration where 0 means "none" (``--drain-timeout 0``)."""
-    seconds = duration_seconds(text)
-    if seconds is None:
-        raise ValueError("must be 0 or a duration such as 15, 1.5, 1500ms, 2s or 1m")
-    return seconds
+__all__ = [  # (the parsers and HostPort as the tests import them from here too)
+    "ENV_PREFIX",
+    "OPTIONS",
+    "Config",
+    "HostPort",
+    "Option",
+    "load",
+    "parse_duration",
+    "parse_host_port",
+]
 
 
 def parse_app_health_url(text: str) -> str:
     return parse_health_url(text)
 
 
-@dataclasses.dataclass(frozen=True)
-class HostPort:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def parse_host_port(text: str) -> HostPort:
-    allowed = "must be HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:4040 or [::1]:4040"
-    match = re.fullmatch(
-        r"\[(?P<v6>[0-9a-fA-F:.]+)\]:(?P<p1>\d+)|(?P<host>[^:\[\]\s]+):(?P<p2>\d+)", text
-    )
-    if not match:
-        raise ValueError(allowed)
-    port = int(match["p1"] or match["p2"])
-    if not 0 <= port <= 65535:
-        raise ValueError(allowed)
-    return HostPort(match["v6"] or match["host"], port)
-
-
-def parse_choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError("must be true or false")
-    return value == "true"
-
-
-def parse_count(text: str) -> int:
-    if not re.fullmatch(r"\s*\d+\s*", text):
-        raise ValueError("must be a whole number, 0 or more")
-    return int(text)
-
-
-def parse_positive_count(text: str) -> int:
-    digits = text.strip()
-    count = int(digits) if len(digits) <= 9 and digits.isascii() and digits.isdigit() else 0
-    if count < 1:
-        raise ValueError("must be a whole number, 1 or more")
-    return count
-
-
-def parse_name(text: str) -> str:
-    # A Kubernetes object name (DNS subdomain) is the strictest of our stores; one rule for all
-    # keeps a lease portable between stores.
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", text):
-        raise ValueError(
-            "must be a lowercase DNS name: a-z, 0-9, '-' and '.', starting and ending "
-            "alphanumeric, at most 253 characters"
-        )
-    return text
-
-
-MAX_LEASES = 10_000  # per sidecar, shards included: bounded memory whatever the flags say
-
-
-def parse_lease_list(text: str) -> tuple[str, ...]:
-    """``jobs`` or ``jobs,billing``: one or more lease names, each a DNS name, no repeats."""
-    names = tuple(part.strip() for part in text.split(",", MAX_LEASES))
-    if len(names) > MAX_LEASES:
-        raise ValueError(f"at most {MAX_LEASES} leases")
-    for name in names:
-        try:
-            parse_name(name)
-        except ValueError as exc:
-            raise ValueError(f"each comma-separated name {exc}") from None
-    if len(set(names)) != len(names):
-        raise ValueError("names a lease twice; list each lease once")
-    return names
-
-
-def parse_shards(text: str) -> int:
-    count = parse_positive_count(text)
-    if count > MAX_LEASES:
-        raise ValueError(f"must be from 1 to {MAX_LEASES}")
-    return count
-
-
-def parse_priority(text: str) -> int:
-    value = text.strip()
-    digits = value.removeprefix("-")
-    if not (0 < len(digits) <= 9 and digits.isascii() and digits.isdigit()):
-        raise ValueError("must be a whole number such as 0, 10 or -5 (at most 9 digits)")
-    return int(value)
-
-
-def parse_revision(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9._-]{0,63}", text):
-        raise ValueError("must be at most 63 characters from A-Z a-z 0-9 . _ -")
-    return text
-
-
-def parse_identity(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,190}", text):
-        raise ValueError("must be 1-191 characters from A-Z a-z 0-9 - _ . starting alphanumeric")
-    return text
-
-
-def parse_text(text: str) -> str:
-    return text
-
-
-def parse_url(text: str) -> str:
-    parsed = urllib.parse.urlsplit(text)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8080/leader")
-    return text
-
-
-def parse_signal(text: str) -> str:
-    import signal
-
-    name = text.strip().upper()
-    name = name if name.startswith("SIG") else f"SIG{name}"
-    if not isinstance(getattr(signal, name, None), signal.Signals):
-        raise ValueError("must be a signal name such as SIGTERM, SIGUSR1 or HUP")
-    return name
-
-
-STORE_SCHEMES = (
-    "kubernetes",
-    "sqlite",
-    "redis",
-    "rediss",
-    "redis+sentinel",
-    "etcd",
-    "etcds",
-    "postgresql",
-)
-_STORE_HELP = (
-    "must be kubernetes, sqlite:///relative/path.db, sqlite:////absolute/path.db, "
-    "redis://[user:password@]host:port/db, rediss://... or "
-    "redis+sentinel://host:port[,host:port]/master-name[/db], "
-    "etcd://host:2379[,host:2379…][/key-prefix] or etcds://..., "
-    "postgresql://[user@]host[:port][,host[:port]]/dbname[?sslmode=…]"
-)
-
-
-def parse_store(text: str) -> str:
-    value = text.strip()
-    if value == "kubernetes":
-        return value
-    try:
-        parsed = urllib.parse.urlsplit(value)
-        port_ok = all(_port_ok(hp) for hp in parsed.netloc.rpartition("@")[2].split(",") if hp)
-    except ValueError:
-        raise ValueError(_STORE_HELP) from None
-    if parsed.scheme == "sqlite":
-        from sidecar.backends.sqlite import never_works, sqlite_path
-
-        path = Path(sqlite_path(value))
-        if reason := never_works(str(path)):
-            raise ValueError(reason)
-        if not path.parent.is_dir():
-            raise ValueError(
-                f"the directory {path.parent} does not exist; create it or pick another path"
-            )
-        if not os.access(path.parent, os.W_OK):
-            raise ValueError(f"the directory {path.parent} is not writable by this user")
-        return value
-    if parsed.scheme in ("redis", "rediss", "redis+sentinel") and parsed.netloc and port_ok:
-        if parsed.scheme == "redis+sentinel" and not parsed.path.strip("/"):
-            raise ValueError(
-                "a redis+sentinel:// URL needs the master name as its path: " + _STORE_HELP
-            )
-        return value
-    if parsed.scheme in ("postgresql", "postgres"):
-        from sidecar.backends.postgresql.target import missing_driver, parse_target
-
-        try:
-            parse_target(value)
-        except ConfigError as exc:
-            raise ValueError(exc.allowed) from None
-        if reason := missing_driver():
-            raise ValueError(reason)
-        return value
-    if parsed.scheme in ("etcd", "etcds") and parsed.netloc and port_ok:
-        return value
-    raise ValueError(_STORE_HELP)
-
-
-def _port_ok(host_port: str) -> bool:
-    host, _, port = host_port.rpartition(":")
-    if not host:
-        return True  # no port: the scheme's default
-    return port.isdigit() and 0 < int(port) <= 65535
-
-
 # -- the option table -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
-    flag: str
-    parse: Callable[[str], Any]
-    help: str
-    metavar: str = "VALUE"
-
-    @property
-    def dest(self) -> str:
-        return self.flag.removeprefix("--").replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.dest.upper()
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "--store",
-        parse_store,
-        "where the lease lives: kubernetes, sqlite:///PATH, redis://…, rediss://…, "
-        "redis+sentinel://…, etcd://…, etcds://…, postgresql://… (default: kubernetes in a "
-        "cluster, else sqlite:///./leader-sidecar.db). postgresql:// needs the [postgresql] "
-        "extra: pip install 'leader-sidecar[postgresql]'",
-        "URL",
-    ),
+    Option("--store", parse_store, store_help(), "URL"),
     Option(
         "--lease",
         parse_lease_list,
@@ -503,59 +276,7 @@ OPTIONS: tuple[Option, ...] = (
         "NAME",
     ),
     Option("--signal", parse_signal, "signal for --signal-process (default SIGTERM)", "SIG"),
-    # Kubernetes.
-    Option(
-        "--kubeconfig",
-        parse_text,
-        "kubeconfig file outside a cluster (default KUBECONFIG, else in-cluster service "
-        "account); one whose user runs an exec plugin or auth-provider needs the "
-        "[kubeconfig-exec] extra: pip install 'leader-sidecar[kubeconfig-exec]'",
-        "PATH",
-    ),
-    # Redis.
-    Option("--redis-username", parse_text, "Redis ACL user (overrides the URL's)", "USER"),
-    Option(
-        "--redis-password",
-        parse_text,
-        "Redis password (overrides the URL's; prefer the environment variable)",
-        "PASSWORD",
-    ),
-    Option(
-        "--redis-ca-file",
-        parse_text,
-        "CA bundle that signs the Redis server certificate (rediss://)",
-        "PATH",
-    ),
-    Option("--redis-cert-file", parse_text, "client certificate for Redis TLS", "PATH"),
-    Option("--redis-key-file", parse_text, "client key for Redis TLS", "PATH"),
-    Option(
-        "--redis-sentinel-password",
-        parse_text,
-        "password of the Sentinels themselves (redis+sentinel://; prefer the env variable)",
-        "PASSWORD",
-    ),
-    Option(
-        "--redis-min-replicas",
-        parse_count,
-        "a grant counts only after this many replicas acknowledged it (WAIT); default 0",
-        "N",
-    ),
-    # etcd.
-    Option("--etcd-username", parse_text, "etcd user (overrides the URL's)", "USER"),
-    Option(
-        "--etcd-password",
-        parse_text,
-        "etcd user's password (overrides the URL's; prefer the environment variable)",
-        "PASSWORD",
-    ),
-    Option(
-        "--etcd-ca-file",
-        parse_text,
-        "CA bundle that signs the etcd members' certificates (etcds://)",
-        "PATH",
-    ),
-    Option("--etcd-cert-file", parse_text, "client certificate for etcd TLS", "PATH"),
-    Option("--etcd-key-file", parse_text, "client key for etcd TLS", "PATH"),
+    *store_options(),  # each store's own (sidecar.backends)
 )
 
 
@@ -582,19 +303,8 @@ class Config:
     webhook_retries: int = 3
     signal_process: str | None = None
     signal: str = "SIGTERM"
-    kubeconfig: str | None = None
-    redis_username: str | None = None
-    redis_password: str | None = dataclasses.field(default=None, repr=False)
-    redis_ca_file: str | None = None
-    redis_cert_file: str | None = None
-    redis_key_file: str | None = None
-    redis_min_replicas: int = 0
-    redis_sentinel_password: str | None = dataclasses.field(default=None, repr=False)
-    etcd_username: str | None = None
-    etcd_password: str | None = dataclasses.field(default=None, repr=False)
-    etcd_ca_file: str | None = None
-    etcd_cert_file: str | None = None
-    etcd_key_file: str | None = None
+    store_settings: StoreSettings = NO_SETTINGS
+    """The chosen store's own settings (`sidecar.backends.description`)."""
     leases: tuple[str, ...] = ()
     """Every lease this sidecar competes for, shards expanded; () means just ``lease``."""
     group: str = ""
@@ -641,90 +351,42 @@ class Config:
         return self.timing.request_timeout
 
     def ref(self, lease: str) -> str:
-        """A lease as users name it: ``namespace/name`` on Kubernetes, else the name."""
-        return f"{self.namespace}/{lease}" if self.store == "kubernetes" else lease
+        """A lease as users name it: ``namespace/name`` in a store with namespaces, else the
+        name."""
+        return f"{self.namespace}/{lease}" if self.backend.namespaced else lease
+
+    @property
+    def backend(self) -> Store:
+        """The chosen store's description."""
+        return store_of(self.store)
 
     @property
     def lease_ref(self) -> str:
         return self.ref(self.lease)
 
-    @property
-    def store_scheme(self) -> str:
-        return self.store.partition(":")[0]
-
 
 # -- building it ------------------------------------------------------------------------------
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit 2), not argparse's usage block; the server's and
-    every subcommand's parser."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        return super().parse_known_args(self._joined(args), namespace)
-
-    def _joined(self, args: Sequence[str] | None) -> list[str]:
-        """``--lease-duration -5s`` as ``--lease-duration=-5s``: argparse takes a value that
-        starts with ``-`` (and is not a plain negative number) for a flag and answers
-        "expected one argument", hiding the line that says what is wrong with the value.
-        Only a flag that takes one value is joined, and never with a word that is itself a
-        flag, so a flag given without its value still gets argparse's own message."""
-        words = list(sys.argv[1:] if args is None else args)
-        flags = self._option_string_actions
-        joined: list[str] = []
-        index = 0
-        while index < len(words):
-            word = words[index]
-            action = flags.get(word)
-            value = words[index + 1] if index + 1 < len(words) else None
-            if (
-                action is not None
-                and action.nargs is None
-                and value is not None
-                and value.startswith("-")
-                and value.partition("=")[0] not in flags
-                and value != "--"
-            ):
-                joined.append(f"{word}={value}")
-                index += 2
-                continue
-            joined.append(word)
-            index += 1
-        return joined
-
-
-SERVER_EPILOG = """\
-commands (each with its own --help):
-  leader-sidecar status             holders, terms and candidates, read from the store
-  leader-sidecar transfer           ask the sidecar on this host to hand its lease(s) over
-  leader-sidecar hold               stop the job fleet-wide: nobody leads until resume
-  leader-sidecar resume             end a hold: a replica whose app is up leads again
-  leader-sidecar postgresql-schema  create the PostgreSQL store's schema and grants
-
-optional extras (a plain install has neither; without one, its store stops at start naming it):
-  --store postgresql://...                 pip install 'leader-sidecar[postgresql]'
-  a --kubeconfig with an exec plugin       pip install 'leader-sidecar[kubeconfig-exec]'
-
-exit status: 0 after SIGTERM/SIGINT (lease released), 1 if a listener cannot bind or the
-election fails, 2 for bad configuration.
-"""
-
-
-def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    """The settings as flags, each naming its environment variable."""
-    for option in options:
-        parser.add_argument(
-            option.flag,
-            dest=option.dest,
-            metavar=option.metavar,
-            default=None,
-            help=f"{option.help} [env {option.env}]",
-        )
+def server_epilog() -> str:
+    """The subcommands (the stores' own too), the optional extras, the exit statuses."""
+    commands = [
+        ("status", "holders, terms and candidates, read from the store"),
+        ("transfer", "ask the sidecar on this host to hand its lease(s) over"),
+        ("hold", "stop the job fleet-wide: nobody leads until resume"),
+        ("resume", "end a hold: a replica whose app is up leads again"),
+        *((command.name, command.summary) for command in store_commands().values()),
+    ]
+    extras = sorted(extra for store in STORES for extra in store.extras)
+    return (
+        "commands (each with its own --help):\n"
+        + "".join(f"  leader-sidecar {name:<19}{summary}\n" for name, summary in commands)
+        + "\noptional extras (a plain install has neither; without one, its store stops at "
+        "start naming it):\n"
+        + "".join(f"  {what:<41}{install}\n" for what, install in extras)
+        + "\nexit status: 0 after SIGTERM/SIGINT (lease released), 1 if a listener cannot bind "
+        "or the\nelection fails, 2 for bad configuration.\n"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -733,34 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Leader election next to your app: one lease, one leader, a fencing term\n"
         "on localhost. Every flag can also be set as LEADER_SIDECAR_<FLAG>, e.g.\n"
         "LEADER_SIDECAR_LEASE_DURATION=10s.",
-        epilog=SERVER_EPILOG,
+        epilog=server_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(parser, OPTIONS)
-    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
+    parser.add_argument("--version", action=VersionAction, nargs=0, help="print the version")
     return parser
-
-
-class _VersionAction(argparse.Action):
-    """``--version``, looked up only when asked for: reading the installed distributions'
-    metadata costs ~10-20 ms of every start otherwise."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        print(f"{parser.prog} {_version()}")  # to stdout, as argparse's own version action
-        parser.exit()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("leader-sidecar")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def in_cluster(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -782,20 +422,14 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as exc:
             raise ConfigError(source, raw, str(exc)) from None
 
-    cluster = in_cluster(environ)
-    store = values.get("store") or ("kubernetes" if cluster else "sqlite:///./leader-sidecar.db")
-    if store == "sqlite:///./leader-sidecar.db":
-        parse_store(store)  # the default path must be writable too
+    # The default is checked too: the embedded store's directory must be writable.
+    store = values.get("store") or parse_store(default_store(environ))
+    backend = store_of(store)
     listed = values.get("lease")
     lease = listed[0] if listed else None
     if lease is None:
-        if store == "kubernetes":
-            raise ConfigError(
-                "--lease",
-                "",
-                "is required with the kubernetes store: the name of "
-                "the Lease object, e.g. --lease my-app",
-            )
+        if backend.lease_required:
+            raise ConfigError("--lease", "", backend.lease_required)
         lease = "default"
     group = values.get("group") or lease
     shards = values.get("shards")
@@ -830,30 +464,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     pod_name = values.get("pod_name") or environ.get("POD_NAME") or None
     prefix = values.get("identity") or pod_name or _hostname_prefix()
-    for dest in (
-        "redis_cert_file", "redis_key_file", "redis_ca_file", "kubeconfig",
-        "etcd_cert_file", "etcd_key_file", "etcd_ca_file",
-    ):  # fmt: skip
-        path = values.get(dest)
-        if path and not Path(path).is_file():
-            flag = "--" + dest.replace("_", "-")
-            raise ConfigError(flag, path, "no such file; give the path of a readable file")
-    if bool(values.get("redis_cert_file")) != bool(values.get("redis_key_file")):
-        raise ConfigError(
-            "--redis-key-file",
-            values.get("redis_key_file") or "",
-            "--redis-cert-file and --redis-key-file go together; give both or neither",
-        )
-    if bool(values.get("etcd_cert_file")) != bool(values.get("etcd_key_file")):
-        raise ConfigError(
-            "--etcd-key-file",
-            values.get("etcd_key_file") or "",
-            "--etcd-cert-file and --etcd-key-file go together; give both or neither",
-        )
-    if values.get("redis_min_replicas") and not store.startswith(("redis", "rediss")):
-        raise ConfigError(
-            "--redis-min-replicas", values["redis_min_replicas"], "only applies to a redis store"
-        )
+    for each in STORES:
+        each.check_options(values, store)
 
     app = _app_check(values)
     drain_timeout = values.get("drain_timeout")
@@ -867,15 +479,11 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             "when the app has stopped",
         )
 
-    kubeconfig = values.get("kubeconfig") or environ.get("KUBECONFIG") or None
-    context_namespace = None
-    if store == "kubernetes" and kubeconfig is not None:
-        source = "--kubeconfig" if values.get("kubeconfig") else "KUBECONFIG"
-        context_namespace = _kubeconfig_namespace(source, kubeconfig)
+    settings = backend.settings(values, environ)
     return Config(
         store=store,
         lease=lease,
-        namespace=values.get("namespace") or _namespace(environ, context_namespace),
+        namespace=values.get("namespace") or _namespace(environ, settings.namespace),
         identity=f"{prefix}_{secrets.token_hex(4)}",
         timing=timing,
         listen=listen,
@@ -898,19 +506,7 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         webhook_retries=values.get("webhook_retries", 3),
         signal_process=values.get("signal_process") or None,
         signal=values.get("signal", "SIGTERM"),
-        kubeconfig=kubeconfig,
-        redis_username=values.get("redis_username"),
-        redis_password=values.get("redis_password"),
-        redis_ca_file=values.get("redis_ca_file"),
-        redis_cert_file=values.get("redis_cert_file"),
-        redis_key_file=values.get("redis_key_file"),
-        redis_min_replicas=values.get("redis_min_replicas", 0),
-        redis_sentinel_password=values.get("redis_sentinel_password"),
-        etcd_username=values.get("etcd_username"),
-        etcd_password=values.get("etcd_password"),
-        etcd_ca_file=values.get("etcd_ca_file"),
-        etcd_cert_file=values.get("etcd_cert_file"),
-        etcd_key_file=values.get("etcd_key_file"),
+        store_settings=settings,
         leases=names if len(names) > 1 else (),
         group=group,
         priority=values.get("priority", 0),
@@ -955,7 +551,7 @@ def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
 
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see --help for the variables"
-            # Not the value: a misspelt LEADER_SIDECAR_REDIS_PASSWROD holds a password.
+            # Not the value: a misspelt LEADER_SIDECAR_…_PASSWROD holds a password.
             raise ConfigError(name, "", f"unknown setting; {hint}")
 
 
@@ -964,24 +560,9 @@ def _same_host(a: HostPort, b: HostPort) -> bool:
     return a.host == b.host or a.host in wildcard or b.host in wildcard
 
 
-def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
-    """The current context's namespace (what kubectl would use), read now so that a kubeconfig
-    that cannot work stops the sidecar at start with its reason, not later as a store that
-    never answers."""
-    from sidecar.backends.kubernetes.kubeconfig import Kubeconfig, KubeconfigError
-
-    try:
-        config = Kubeconfig.read(kubeconfig)
-    except KubeconfigError as exc:
-        raise ConfigError(source, kubeconfig, str(exc)) from None
-    if reason := config.plugin_unavailable():
-        raise ConfigError(source, kubeconfig, reason)
-    return config.namespace
-
-
 def _namespace(environ: Mapping[str, str], context_namespace: str | None = None) -> str:
-    """POD_NAMESPACE, else the kubeconfig context's (as kubectl), else the service account's,
-    else 'default'."""
+    """POD_NAMESPACE, else the one the store's configuration names (a kubeconfig context's,
+    as kubectl), else the service account's, else 'default'."""
     if environ.get("POD_NAMESPACE"):
         return environ["POD_NAMESPACE"]
     if context_namespace:

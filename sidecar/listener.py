@@ -25,9 +25,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.api import EVENT_STREAMS, GONE, LONG_POLLS
 from sidecar.binding import Bound, bind_all
-from sidecar.config import HostPort
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits
 from sidecar.logs import Throttle, log
+from sidecar.options import HostPort
 
 logger = logging.getLogger("sidecar.listener")
 

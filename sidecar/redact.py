@@ -78,7 +78,7 @@ def redact_url(text: str) -> str:
             parts.append(text[copied : colon + 1])
             parts.append(HIDDEN)
             copied = at
-        # libpq URLs may carry a password as a parameter too: ?password=…&sslpassword=…
+        # A URL may carry a password as a parameter too: ?password=…&sslpassword=…
         query = text.find("?", max(begin, at), end)
         while query != -1:
             name_end = text.find("=", query + 1, end)
@@ -96,7 +96,7 @@ def redact_url(text: str) -> str:
     return "".join(parts)
 
 
-# URL parameters that hold a secret (libpq's).
+# URL parameters that hold a secret.
 _SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
 
 

@@ -4,6 +4,7 @@ by the followers (never an etcd lease's TTL), watched from the revision read.
 Through etcd's gRPC gateway (JSON over HTTP on the client port, every etcd since 3.4) with
 aiohttp: no gRPC library. The guarantees, the layout and the operations are in docs/etcd.md.
 
+* `description` — the store as the sidecar knows it: its URLs, the ``--etcd-*`` options.
 * `target` — the ``--store`` URL and the ``--etcd-*`` flags, checked at start-up.
 * `api` — the gateway: endpoints and failover, deadlines, the auth token, the revisions seen.
 * `records` — the keys, the values and the records they decode to.
@@ -17,13 +18,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.backends.etcd.client import EtcdStoreClient
-from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
-from sidecar.backends.etcd.target import EtcdTarget, parse_target
+from sidecar.backends.etcd.target import EtcdTarget, parse_target, settings_of
+from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from sidecar.config import Config
+    from sidecar.backends.description import StoreConfig
+    from sidecar.backends.etcd.client import EtcdStoreClient
+    from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
     from sidecar.supervisor import Supervisor
+
+_LAZY = {
+    "EtcdStoreClient": "sidecar.backends.etcd.client",
+    "EtcdLease": "sidecar.backends.etcd.store",
+    "EtcdLeaseStore": "sidecar.backends.etcd.store",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)
+
 
 __all__ = [
     "EtcdLease",
@@ -36,24 +47,27 @@ __all__ = [
 ]
 
 
-def target_of(config: Config) -> EtcdTarget:
+def target_of(config: StoreConfig) -> EtcdTarget:
     """The cluster of ``--store etcd://…`` or ``etcds://…`` and the ``--etcd-*`` flags; its
     TLS files are loaded now, so a wrong one stops the sidecar at start-up."""
+    settings = settings_of(config)
     target = parse_target(
         config.store,
-        username=config.etcd_username,
-        password=config.etcd_password,
-        ca_file=config.etcd_ca_file,
-        cert_file=config.etcd_cert_file,
-        key_file=config.etcd_key_file,
+        username=settings.username,
+        password=settings.password,
+        ca_file=settings.ca_file,
+        cert_file=settings.cert_file,
+        key_file=settings.key_file,
     )
     target.ssl_context()
     return target
 
 
-def open_etcd_client(config: Config, supervisor: Supervisor | None = None) -> EtcdStoreClient:
+def open_etcd_client(config: StoreConfig, supervisor: Supervisor | None = None) -> EtcdStoreClient:
     """The client shared by every lease of the sidecar; its watch streams run under
     ``supervisor``."""
+    from sidecar.backends.etcd.client import EtcdStoreClient
+
     timing = config.timing
     return EtcdStoreClient(
         target_of(config),
@@ -66,8 +80,10 @@ def open_etcd_client(config: Config, supervisor: Supervisor | None = None) -> Et
     )
 
 
-def open_etcd_store(config: Config) -> EtcdLeaseStore:
+def open_etcd_store(config: StoreConfig) -> EtcdLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
+    from sidecar.backends.etcd.store import EtcdLeaseStore
+
     return EtcdLeaseStore(
         target_of(config), config.lease, request_timeout=config.timing.request_timeout
     )

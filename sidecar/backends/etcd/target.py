@@ -9,6 +9,9 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
+from sidecar.backends.description import StoreConfig, StoreSettings
+from sidecar.backends.endpoints import join_host, split_host_port
+from sidecar.backends.tls import flags_context
 from sidecar.config_error import ConfigError
 from sidecar.redact import redact_url
 
@@ -49,27 +52,7 @@ class EtcdTarget:
         certificate); None for plain ``etcd://``. Raises `ConfigError` naming the flag."""
         if not self.tls:
             return None
-        try:
-            context = ssl.create_default_context(cafile=self.ca_file)
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            raise ConfigError(
-                "--etcd-ca-file", self.ca_file, f"cannot be loaded as PEM CA certificates: {exc}"
-            ) from None
-        if self.cert_file:
-            try:
-                context.load_cert_chain(self.cert_file, self.key_file)
-            except (ssl.SSLError, OSError, ValueError) as exc:
-                raise ConfigError(
-                    "--etcd-cert-file",
-                    self.cert_file,
-                    f"cannot be loaded with --etcd-key-file={self.key_file} as a PEM "
-                    f"certificate and its private key: {exc}",
-                ) from None
-        return context
-
-
-def join_host(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return flags_context("etcd", self.ca_file, self.cert_file, self.key_file)
 
 
 def parse_target(
@@ -129,12 +112,27 @@ def parse_target(
 
 
 def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]:
-    host, port = text, ""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    if not host or (port and not (port.isdigit() and 0 < int(port) <= 65535)):
-        raise bad(f"{text!r} is not HOST or HOST:PORT")
-    return host, int(port) if port else DEFAULT_PORT
+    try:
+        return split_host_port(text, DEFAULT_PORT)
+    except ValueError:
+        raise bad(f"{text!r} is not HOST or HOST:PORT") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSettings(StoreSettings):
+    """The ``--etcd-*`` options, parsed: ``Config.store_settings`` with this store."""
+
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def secrets(self) -> tuple[str | None, ...]:
+        return (self.password,)
+
+
+def settings_of(config: StoreConfig) -> EtcdSettings:
+    """The configured ``--etcd-*`` options (none given: the defaults)."""
+    found = config.store_settings
+    return found if isinstance(found, EtcdSettings) else EtcdSettings()

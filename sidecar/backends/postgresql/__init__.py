@@ -19,6 +19,7 @@ Layout (schema ``leader_sidecar``, created on first use when the role may, else 
   cause (`errors`), logged once per problem, and starts a new *epoch*: versions seen before it
   grant nothing (a failover to a standby that missed writes may show an older row again).
 
+* `description` — the store as the sidecar knows it: its URL, its driver, its command.
 * `target` — the ``--store`` URL, checked at start-up.
 * `schema` — the DDL, the statements and the records they decode to.
 * `client` — the pool, the epoch, the schema check and error reporting.
@@ -30,14 +31,15 @@ Layout (schema ``leader_sidecar``, created on first use when the role may, else 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sidecar.backends.lazy import lazy_names
 from sidecar.backends.postgresql.target import PostgresTarget, parse_target
 
 if TYPE_CHECKING:
+    from sidecar.backends.description import StoreConfig
     from sidecar.backends.postgresql.client import PostgresStoreClient
     from sidecar.backends.postgresql.lease import PostgresLease, PostgresLeaseStore
-    from sidecar.config import Config
     from sidecar.supervisor import Supervisor
 
 # Imported when first used, not with the package: the driver (asyncpg) is an optional extra,
@@ -48,13 +50,7 @@ _LAZY = {
     "PostgresLeaseStore": "sidecar.backends.postgresql.lease",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
@@ -69,7 +65,7 @@ __all__ = [
 
 
 def open_postgresql_client(
-    config: Config, supervisor: Supervisor | None = None
+    config: StoreConfig, supervisor: Supervisor | None = None
 ) -> PostgresStoreClient:
     """The client for ``--store postgresql://…``, shared by every lease of the sidecar; its
     LISTEN session runs under ``supervisor``."""
@@ -83,7 +79,7 @@ def open_postgresql_client(
     )
 
 
-def open_postgresql_store(config: Config) -> PostgresLeaseStore:
+def open_postgresql_store(config: StoreConfig) -> PostgresLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
     from sidecar.backends.postgresql.lease import PostgresLeaseStore
 

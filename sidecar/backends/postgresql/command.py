@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sidecar.config import parse_store
+from sidecar.backends.postgresql.description import check_url
 from sidecar.config_error import ConfigError
 from sidecar.redact import Scrubber, secret_values
 
@@ -114,13 +114,14 @@ def main(argv: Sequence[str]) -> int:
         return 2
     scrub = Scrubber(secret_values([args.store], os.environ))
     try:
-        url = parse_store(args.store)
+        url = args.store.strip()
         if not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
+        url = check_url(url)
     except (ValueError, ConfigError) as exc:
         print(scrub(f"{PROG}: --store: {exc}"), file=sys.stderr)
         return 2
-    # (parse_store above has refused a missing driver, with the extra to install)
+    # (check_url above has refused a missing driver, with the extra to install)
     try:
         done = asyncio.run(apply(url, args.grant, args.fence_role))
     except Exception as exc:  # asyncpg, the socket, TLS: one line, no traceback, no secret

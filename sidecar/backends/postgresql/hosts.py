@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from sidecar.backends.endpoints import split_host_port
 from sidecar.backends.postgresql.target import PostgresTarget
 
 Connection = TypeVar("Connection")
@@ -31,8 +32,8 @@ def addresses(target: PostgresTarget) -> list[tuple[str, int]]:
     ports = [p for p in params.get("port", "").split(",") if p]
     result = []
     for index, text in enumerate(_host_texts(target, params)):
-        host, port = _split(text)
-        if port is None:
+        host, port = split_host_port(text, 0, bare_ipv6=False)  # 0: no port of its own
+        if not port:
             port = int(ports[index] if index < len(ports) else ports[0]) if ports else DEFAULT_PORT
         result.append((host, port))
     return result
@@ -43,14 +44,6 @@ def _host_texts(target: PostgresTarget, params: dict[str, str]) -> list[str]:
     if query_hosts and list(target.hosts) == [params["host"]]:
         return query_hosts
     return list(target.hosts)
-
-
-def _split(text: str) -> tuple[str, int | None]:
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else None
-    host, colon, port = text.partition(":")
-    return host, int(port) if colon else None
 
 
 async def first_usable(

@@ -13,6 +13,8 @@ import ssl
 import urllib.parse
 from pathlib import Path
 
+from sidecar.backends.endpoints import is_host_port, port_ok
+from sidecar.backends.tls import TlsFileError, ca_context, load_pair
 from sidecar.config_error import ConfigError
 
 SCHEMES = ("postgresql", "postgres")
@@ -121,7 +123,7 @@ def parse_target(url: str) -> PostgresTarget:
             )
         if key in FILE_PARAMETERS and value and not Path(value).expanduser().is_file():
             raise _bad(url, f"?{key}={value}: no such file; give the path of a readable file")
-        if key == "port" and not all(_port_ok(p) for p in value.split(",")):
+        if key == "port" and not all(port_ok(p) for p in value.split(",")):
             raise _bad(url, "?port= must be a port from 1 to 65535 (or one per host)")
     if ("sslcert" in seen) != ("sslkey" in seen):
         raise _bad(url, "?sslcert= and ?sslkey= go together; give both or neither")
@@ -141,15 +143,7 @@ def parse_target(url: str) -> PostgresTarget:
 
 
 def _host_ok(text: str) -> bool:
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return bool(host) and (not rest or (rest.startswith(":") and _port_ok(rest[1:])))
-    host, colon, port = text.partition(":")
-    return bool(host) and (not colon or _port_ok(port))
-
-
-def _port_ok(port: str) -> bool:
-    return port.isascii() and port.isdigit() and 0 < int(port) <= 65535
+    return is_host_port(text, bare_ipv6=False)
 
 
 def _check_tls_files(target: PostgresTarget) -> None:
@@ -159,22 +153,20 @@ def _check_tls_files(target: PostgresTarget) -> None:
     rootcert = params.get("sslrootcert")
     if rootcert and rootcert != "system":
         try:
-            ssl.create_default_context(cafile=str(Path(rootcert).expanduser()))
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            raise _bad(
-                target.url,
-                f"?sslrootcert={rootcert} cannot be loaded as PEM CA certificates: {exc}",
-            ) from None
+            ca_context(str(Path(rootcert).expanduser()))
+        except TlsFileError as exc:
+            raise _bad(target.url, f"?sslrootcert={rootcert} {exc}") from None
     cert, key = params.get("sslcert"), params.get("sslkey")
     if cert and key:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
-            context.load_cert_chain(
+            load_pair(
+                context,
                 str(Path(cert).expanduser()),
                 str(Path(key).expanduser()),
                 password=params.get("sslpassword") or None,
             )
-        except (ssl.SSLError, OSError, ValueError) as exc:
+        except TlsFileError as exc:
             raise _bad(
                 target.url,
                 f"?sslcert={cert} with ?sslkey={key} cannot be loaded as a PEM certificate and "

@@ -24,6 +24,7 @@ A `RedisStoreClient` serves every lease of a sidecar: one connection pool (at mo
 ``MAX_CONNECTIONS`` requests at once), one pub/sub connection for all watched leases, one
 epoch, one Sentinel follower.
 
+* `description` — the store as the sidecar knows it: its URLs, the ``--redis-*`` options.
 * `target` — the ``--store`` URL and the ``--redis-*`` flags, checked at start-up.
 * `scripts` — the keys, the Lua scripts, and the records their replies decode to.
 * `client` — the shared connections, epoch, Sentinel following and error reporting.
@@ -38,14 +39,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.redis.client import RedisStoreClient
-from sidecar.backends.redis.scripts import candidates_key, lease_keys
-from sidecar.backends.redis.store import RedisLease, RedisLeaseStore
-from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target
+from sidecar.backends.lazy import lazy_names
+from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target, settings_of
 
 if TYPE_CHECKING:
-    from sidecar.config import Config
+    from sidecar.backends.description import StoreConfig
+    from sidecar.backends.redis.client import RedisStoreClient
+    from sidecar.backends.redis.scripts import candidates_key, lease_keys
+    from sidecar.backends.redis.store import RedisLease, RedisLeaseStore
     from sidecar.supervisor import Supervisor
+
+_LAZY = {
+    "RedisStoreClient": "sidecar.backends.redis.client",
+    "RedisLease": "sidecar.backends.redis.store",
+    "RedisLeaseStore": "sidecar.backends.redis.store",
+    "candidates_key": "sidecar.backends.redis.scripts",
+    "lease_keys": "sidecar.backends.redis.scripts",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)
+
 
 __all__ = [
     "RedisLease",
@@ -61,35 +74,42 @@ __all__ = [
 ]
 
 
-def open_redis_client(config: Config, supervisor: Supervisor | None = None) -> RedisStoreClient:
+def open_redis_client(
+    config: StoreConfig, supervisor: Supervisor | None = None
+) -> RedisStoreClient:
     """The client for ``--store redis://…``, ``rediss://…`` or ``redis+sentinel://…``, shared
     by every lease of the sidecar; its pub/sub hub and Sentinel follower run under
     ``supervisor``."""
+    from sidecar.backends.redis.client import RedisStoreClient
+
     return RedisStoreClient(_target(config), **_options(config), supervisor=supervisor)
 
 
-def open_redis_store(config: Config) -> RedisLeaseStore:
+def open_redis_store(config: StoreConfig) -> RedisLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
+    from sidecar.backends.redis.store import RedisLeaseStore
+
     return RedisLeaseStore(_target(config), config.lease, **_options(config))
 
 
-def _target(config: Config) -> RedisTarget:
+def _target(config: StoreConfig) -> RedisTarget:
+    settings = settings_of(config)
     target = parse_target(
         config.store,
-        username=config.redis_username,
-        password=config.redis_password,
-        sentinel_password=config.redis_sentinel_password,
-        ca_file=config.redis_ca_file,
-        cert_file=config.redis_cert_file,
-        key_file=config.redis_key_file,
+        username=settings.username,
+        password=settings.password,
+        sentinel_password=settings.sentinel_password,
+        ca_file=settings.ca_file,
+        cert_file=settings.cert_file,
+        key_file=settings.key_file,
     )
     check_tls_files(target)
     return target
 
 
-def _options(config: Config) -> dict[str, Any]:
+def _options(config: StoreConfig) -> dict[str, Any]:
     return {
         "request_timeout": config.timing.request_timeout,
-        "min_replicas": config.redis_min_replicas,
+        "min_replicas": settings_of(config).min_replicas,
         "client_name": f"leader-sidecar:{config.identity}",
     }

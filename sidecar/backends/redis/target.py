@@ -4,10 +4,13 @@ at start-up so a mistake stops the sidecar with the flag's name."""
 from __future__ import annotations
 
 import dataclasses
-import ssl
 import urllib.parse
 from collections.abc import Callable
 
+from sidecar.backends.description import StoreConfig, StoreSettings
+from sidecar.backends.endpoints import join_host as join_host  # (the client shows hosts too)
+from sidecar.backends.endpoints import split_host_port
+from sidecar.backends.tls import flags_context
 from sidecar.config_error import ConfigError
 
 DEFAULT_PORT = 6379
@@ -44,10 +47,6 @@ class RedisTarget:
         if self.sentinel:
             return f"{self.scheme}://{user}{hosts}/{self.master_name}/{self.db}"
         return f"{self.scheme}://{user}{hosts}/{self.db}"
-
-
-def join_host(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_target(
@@ -114,15 +113,10 @@ def parse_target(
 
 
 def _split_host(text: str, default_port: int, bad: Callable[[str], ConfigError]) -> tuple[str, int]:
-    host, port = text, ""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    if not host or (port and not (port.isdigit() and 0 < int(port) <= 65535)):
-        raise bad(f"{text!r} is not HOST or HOST:PORT")
-    return host, int(port) if port else default_port
+    try:
+        return split_host_port(text, default_port)
+    except ValueError:
+        raise bad(f"{text!r} is not HOST or HOST:PORT") from None
 
 
 def _redact(url: str) -> str:
@@ -137,21 +131,27 @@ def _redact(url: str) -> str:
 def check_tls_files(target: RedisTarget) -> None:
     """Load the CA and client certificate now, so a wrong file stops the sidecar at start-up
     with the flag's name instead of failing every request later."""
-    if not target.tls:
-        return
-    try:
-        context = ssl.create_default_context(cafile=target.ca_file)
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        raise ConfigError(
-            "--redis-ca-file", target.ca_file, f"cannot be loaded as PEM CA certificates: {exc}"
-        ) from None
-    if target.cert_file:
-        try:
-            context.load_cert_chain(target.cert_file, target.key_file)
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            raise ConfigError(
-                "--redis-cert-file",
-                target.cert_file,
-                f"cannot be loaded with --redis-key-file={target.key_file} as a PEM "
-                f"certificate and its private key: {exc}",
-            ) from None
+    if target.tls:
+        flags_context("redis", target.ca_file, target.cert_file, target.key_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisSettings(StoreSettings):
+    """The ``--redis-*`` options, parsed: ``Config.store_settings`` with this store."""
+
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    min_replicas: int = 0
+    sentinel_password: str | None = dataclasses.field(default=None, repr=False)
+
+    def secrets(self) -> tuple[str | None, ...]:
+        return (self.password, self.sentinel_password)
+
+
+def settings_of(config: StoreConfig) -> RedisSettings:
+    """The configured ``--redis-*`` options (none given: the defaults)."""
+    found = config.store_settings
+    return found if isinstance(found, RedisSettings) else RedisSettings()

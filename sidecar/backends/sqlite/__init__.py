@@ -16,9 +16,21 @@ connection, one thread and one change poller (`watch`); `SQLiteLeaseStore` is on
 client of its own. Candidate records live in the same file (`candidates`).
 """
 
-from pathlib import Path
+from __future__ import annotations
 
-from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sidecar.backends.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from sidecar.backends.sqlite.client import SQLiteLeaseStore, SQLiteStoreClient
+
+
+__getattr__ = lazy_names(
+    __name__,
+    {name: "sidecar.backends.sqlite.client" for name in ("SQLiteLeaseStore", "SQLiteStoreClient")},
+)
 
 
 def sqlite_path(url: str) -> str:

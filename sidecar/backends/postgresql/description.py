@@ -1,0 +1,52 @@
+"""The PostgreSQL store as the rest of the sidecar knows it (`sidecar.backends.description`):
+the ``--store`` URL (everything else is in it, as for libpq), the driver it needs, and its
+``postgresql-schema`` command."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sidecar.backends.description import Command, Store, StoreConfig
+from sidecar.backends.postgresql.target import EXTRA, INSTALL, SCHEMES, missing_driver, parse_target
+from sidecar.config_error import ConfigError
+
+if TYPE_CHECKING:
+    from sidecar.backends.base import StoreClient
+    from sidecar.supervisor import Supervisor
+
+
+def check_url(url: str) -> str:
+    """The URL as libpq would take it, its TLS files loaded, and the driver importable."""
+    try:
+        parse_target(url)
+    except ConfigError as exc:
+        raise ValueError(exc.allowed) from None
+    if reason := missing_driver():
+        raise ValueError(reason)
+    return url
+
+
+def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
+    from sidecar.backends.postgresql import open_postgresql_client
+
+    return open_postgresql_client(config, supervisor)
+
+
+POSTGRESQL = Store(
+    name="postgresql",
+    schemes=SCHEMES,
+    forms="postgresql://[user@]host[:port][,host[:port]]/dbname[?sslmode=…]",
+    shown="postgresql://…",
+    example="postgresql://sidecar@127.0.0.1:5432/app",
+    check_url=check_url,
+    open_client=open_client,
+    note=f"postgresql:// needs the [{EXTRA}] extra: {INSTALL}",
+    extras=(("--store postgresql://...", INSTALL),),
+    commands=(
+        Command(
+            "postgresql-schema",
+            "create the PostgreSQL store's schema and grants",
+            "sidecar.backends.postgresql.command:main",
+        ),
+    ),
+)
