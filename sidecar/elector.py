@@ -94,8 +94,8 @@ class Elector:
         "_gap_listeners",
         "_gate",
         "_hold_off_until",
+        "_holders_seen",
         "_last_error",
-        "_last_holder",
         "_last_renewal_sent",
         "_last_store_answer",
         "_lock",
@@ -183,8 +183,9 @@ class Elector:
         # request (`store_answers`) does not bring a retry before it.
         self._retry_not_before = float("-inf")
         self._last_store_answer = float("-inf")
-        # The last holder the store showed, us included: the grant a new one of ours replaces.
-        self._last_holder: str | None = None
+        # The last two grants the store showed, (holder, term), us included, newest last: the
+        # grant a new one of ours replaces (the one before, when we saw ours already: handed).
+        self._holders_seen: list[tuple[str, int]] = []
         self._reported_version: str | None = None  # the last bad record logged and counted
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
@@ -875,7 +876,7 @@ class Elector:
     ) -> None:
         """``sent``: when our grant's request was sent (a handed grant: when we took it,
         for the renewal gaps; its deadline comes as ``valid_until``)."""
-        previous = self._last_holder
+        previous = self._replaced_holder(record.term)
         self._term = record.term
         self._on_beat = True
         self._last_renewal_sent = sent
@@ -901,6 +902,16 @@ class Elector:
             how=how,
         )
         self._notify(Transition(Role.LEADER, "acquired", self.status(), previous))
+
+    def _replaced_holder(self, term: int) -> str | None:
+        """Who held the grant our new one (``term``) replaced: the newest grant seen below it
+        — ours only if we led with it (not a hand-over's grant we took again by a write)."""
+        earlier = [
+            holder
+            for holder, seen in self._holders_seen
+            if seen < term and (holder != self.identity or seen == self._term)
+        ]
+        return earlier[-1] if earlier else None
 
     def _renewed(self, sent: float, record: LeaseRecord) -> None:
         gap = sent - self._last_renewal_sent
@@ -953,7 +964,9 @@ class Elector:
                 wait_seconds=self.timing.lease_duration,
             )
         if record is not None and record.holder is not None:
-            self._last_holder = record.holder
+            grant = (record.holder, record.term)
+            if grant not in self._holders_seen:
+                self._holders_seen = [*self._holders_seen[-1:], grant]
         bad = record is not None and (record.unreadable or record.ignored)
         if bad and record is not None and record.version != self._reported_version:
             self._reported_version = record.version  # once per stored version

@@ -1089,6 +1089,28 @@ async def test_a_leader_that_takes_its_own_lease_back_names_itself_as_the_previo
     assert heard[-1].previous_holder == "a_0000"
 
 
+async def test_a_successor_handed_the_lease_names_the_leader_that_handed_it(world: World) -> None:
+    """A hand-over writes the successor's grant itself: the successor sees its own name before
+    it leads (here it takes it again by a write, remembering no beat), and the grant replaced
+    is still the old leader's."""
+    a, b = world.elector("a"), world.elector("b")
+    heard: list[Transition] = []
+    b.on_transition(heard.append)
+    await a.step()
+    await b.step()
+    world.steal("b_0000")  # the old leader's one write: term 2, in b's name
+    handed = await b.store.read()
+    assert handed is not None
+    b.on_watch(handed)
+    for _ in range(10):
+        if b.status().leader:
+            break
+        world.clock.advance(TIMING.retry_period)
+        await b.step()
+    assert b.status().leader
+    assert heard[-1].previous_holder == "a_0000"
+
+
 # -- the half-lease alert also covers the gap that ends in a demotion --------------------------
 
 
