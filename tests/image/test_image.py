@@ -3,7 +3,9 @@ CLI answers, it runs as the numeric non-root user with a read-only root filesyst
 the embedded store becomes leader and says so over the published port and over localhost, and
 SIGTERM releases and exits 0 at once. Two replicas sharing a volume elect exactly one leader.
 Configured exactly as the Helm chart configures the container, it leads on the Kubernetes store
-(the project's fake API server) and labels its pod leader, then follower on SIGTERM.
+(the project's fake API server) and labels its pod leader, then follower on SIGTERM. The
+image has no shell: what runs inside it is the image's own python3. Every sidecar module and
+store driver imports there, no .pyc is stale, and it stays under a size ceiling.
 
 Slow (a debootstrapped base the first time, ~40 s; the build 70-100 s, it downloads the
 dependencies from PyPI; it starts in the background at collection, see background.py): marked
