@@ -24,6 +24,7 @@ from tests.support.tools import REPO, require_binary
 BASE_IMAGE = "localhost/leader-sidecar-test/python3-bookworm:latest"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+BUILD_CA_BUNDLE = "/run/leader-sidecar-build-ca.crt"
 LOCK = Path(tempfile.gettempdir()) / "leader-sidecar-test-base-image.lock"
 
 STORAGE = ["--storage-driver", "vfs"]
@@ -128,7 +129,9 @@ def ensure_base_image(*, nice: bool = False) -> str:
 
 def build_image(tag: str, base: str, *, nice: bool = False) -> subprocess.CompletedProcess[str]:
     """``buildah bud`` of the repository's Dockerfile against `base`. pip inside the build
-    reaches PyPI through this machine's TLS proxy, hence its CA bundle mounted read-only."""
+    reaches PyPI through this machine's TLS proxy, hence its CA bundle mounted read-only and
+    named by the PIP_CERT build argument: mounted beside the base's own bundle, not over it,
+    so that the image carries the base's CA certificates and not this machine's."""
     revision = run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], timeout=30, check=False
     )
@@ -150,5 +153,10 @@ def build_image(tag: str, base: str, *, nice: bool = False) -> subprocess.Comple
         str(REPO / "Dockerfile"),
     ]
     if HOST_CA_BUNDLE.is_file():
-        args += ["--volume", f"{HOST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
+        args += [
+            "--volume",
+            f"{HOST_CA_BUNDLE}:{BUILD_CA_BUNDLE}:ro",
+            "--build-arg",
+            f"PIP_CERT={BUILD_CA_BUNDLE}",
+        ]
     return run([*args, str(REPO)], timeout=900)

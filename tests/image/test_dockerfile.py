@@ -43,13 +43,17 @@ def test_the_image_runs_the_cli_as_a_numeric_non_root_user() -> None:
     users = [line.split()[1] for line in stage if line.upper().startswith("USER ")]
     assert users == ["65532:65532"]
     assert 'ENTRYPOINT ["leader-sidecar"]' in stage
-    # Both stages build FROM the same base, so the venv's interpreter path exists at run time.
+    # The final stage is the root filesystem staged in the build stage and nothing else: the
+    # interpreter comes along at the path the venv's links name.
     froms = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("FROM ")]
-    assert froms == ["FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE}"]
+    assert froms == ["FROM ${PYTHON_IMAGE} AS build", "FROM scratch"]
+    copies = [line for line in stage if line.upper().startswith(("COPY ", "ADD ", "RUN "))]
+    assert all(line.startswith("COPY --from=build") for line in copies), copies
 
 
 def test_the_build_context_is_only_the_package() -> None:
-    """.dockerignore lets in the package and its metadata, not tests, charts, .git or databases."""
+    """.dockerignore lets in the package, its metadata and the staging script, not tests,
+    charts, .git or databases."""
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     rules = [line for line in ignore if line and not line.startswith("#")]
     assert rules[0] == "*"
@@ -57,4 +61,5 @@ def test_the_build_context_is_only_the_package() -> None:
         "!pyproject.toml",
         "!README.md",
         "!sidecar/",
+        "!scripts/image_rootfs.py",  # stages the final image's root filesystem
     }
