@@ -413,7 +413,7 @@ class Elector:
                 return self._park(now, waiting)
             else:
                 delay = await self._acquire(now)
-            # 4. A loss seen with the store holding nothing: write it down (rule 5).
+            # 4. A loss seen, the store holding nothing or a lower release: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
                 now = self._clock.now()
@@ -693,10 +693,12 @@ class Elector:
 
     def _loss_to_write_down(self) -> int | None:
         """The term to write down in a loss marker, if any (rule 5): following, in a loss,
-        and the store shows nothing — or a marker below the highest term we saw. Without it, a
-        replica that starts during the wait would see no term at all and grant term 1 again
-        (and its successors 2, 3, ... again): the README's limit, shrunk to the moments between
-        the loss and this write."""
+        and the store shows nothing — or a marker or a release below the highest term we saw.
+        Without it, a replica that starts during the wait would see no term at all and grant
+        term 1 again (and its successors 2, 3, ... again): the README's limit, shrunk to the
+        moments between the loss and this write. Over a lower release: the count that started
+        again (a replica that started before anyone wrote the loss down) would otherwise climb
+        from it, under our eyes, to the term we saw."""
         view = self._view
         seen = view.high_water
         if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:

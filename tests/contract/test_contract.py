@@ -294,6 +294,27 @@ async def test_a_loss_marker_goes_only_where_the_store_holds_nothing(
         await a.release("a_1", granted.term)
 
 
+async def test_a_loss_marker_goes_over_a_release_below_its_term(harness: StoreHarness) -> None:
+    """A release below the term a follower saw is a count that started again after a loss:
+    the marker replaces it (its successor too), so the next grant is above the marker's term.
+    A release at or above the term stays free."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    released = await a.release("a_1", granted.term, successor="b_1")
+    assert released is not None
+    assert released.free
+    assert await b.mark_lost(granted.term, LEASE) == released  # not below: untouched
+    marker = await b.mark_lost(granted.term + 5, LEASE)
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.forgotten) == (None, granted.term + 5, True)
+    assert (marker.released, marker.successor, marker.free) == (False, None, False)
+    assert await a.read() == marker
+    with pytest.raises((LeaseHeld, Conflict)):
+        await a.try_acquire("a_2", LEASE, 0, expected=released.version)
+    taken = await a.try_acquire("a_2", LEASE, 0, expected=marker.version)
+    assert taken.term > granted.term + 5
+
+
 async def test_a_grant_over_a_loss_marker_is_above_its_term(harness: StoreHarness) -> None:
     """The marker is waited out like any record, then taken naming its version: the new term
     is above the marker's."""

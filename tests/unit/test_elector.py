@@ -339,6 +339,47 @@ async def test_a_loss_the_watch_shows_is_written_down_at_once_for_replicas_that_
     assert a.status().leader
 
 
+async def test_a_release_below_a_term_seen_is_written_over_by_a_loss_marker(world: World) -> None:
+    """The store forgot a grant of term 2 before anyone saw it go (a Redis key deleted by hand,
+    which publishes nothing; its holder stopped before its next renewal), and z, starting just
+    then, saw nothing and granted term 1 again: the README's limit. k had seen term 2: a lower
+    term is a loss, but the store held z's grant, nothing a marker may replace. z then
+    released, and after its stand-back took its own release again, at term 2, a term k had
+    seen granted to another: a fence accepts both (chaos, Redis n=5, seed 2124476148, at term
+    3). k writes the term it saw over the lower release, so z waits it out and jumps too."""
+    wall = world.clock.wall()
+    world.state.row = _Row("x_9999", 2, 10.0, world.state.next_version(), False, wall, wall)
+    k = world.elector("k")
+    await k.step()  # k saw term 2, granted to x
+    world.state.delete()  # unseen: no watch event reaches k
+    z = world.elector("z")
+    await z.step()
+    assert (z.status().leader, z.status().term) == (True, 1)  # blind: the documented limit
+    k.on_watch(world.state.record())
+    await k.step()
+    assert not k.status().leader
+    assert await z.release()
+    released = world.state.record()
+    assert released is not None
+    assert (released.released, released.term) == (True, 1)
+    k.on_watch(released)
+    world.clock.advance(TIMING.retry_period)
+    await k.step()
+    marker = world.state.record()
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.forgotten) == (None, 2, True)
+    world.clock.advance(TIMING.lease_duration + 0.1)  # z's stand-back is over
+    z.on_watch(marker)
+    await z.step()
+    held = world.state.record()
+    assert held is not None
+    assert not (held.holder == "z_0000" and held.term <= 2), "term 2 granted twice"
+    assert not z.status().leader
+    attempt = z.view.next_attempt(world.clock.now())
+    assert attempt.why == "lost"
+    assert attempt.min_term > 2 + LOSS_TERM_GAP - 1
+
+
 async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_stopped(
     world: World,
 ) -> None:

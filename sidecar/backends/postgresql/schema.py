@@ -365,15 +365,15 @@ SELECT {COLUMNS} FROM granted
 """
 
 # Write down a loss a follower saw (the contract's ``mark_lost``): only where there is no row,
-# or a marker of a lower term; never over a grant or a release.
+# or a marker or a release of a lower term; never over a grant.
 # $2 term, $3 duration, $4 new version, $5 wall time.
 MARK_LOST = f"""
 INSERT INTO {SCHEMA}.leases AS l (name, holder, term, duration, version, released, renewed_at)
 VALUES ($1, NULL, $2, $3, $4, false, $5)
 ON CONFLICT (name) DO UPDATE
 SET term = excluded.term, duration = excluded.duration, version = excluded.version,
-    renewed_at = excluded.renewed_at
-WHERE l.holder IS NULL AND NOT l.released AND l.term < excluded.term
+    renewed_at = excluded.renewed_at, released = false, successor = NULL, handed = NULL
+WHERE l.holder IS NULL AND l.term < excluded.term
 RETURNING {COLUMNS}
 """
 

@@ -304,20 +304,31 @@ return {0, current, counter}
 """
 )
 
-# Mark a loss (a follower saw the store hold nothing where it had shown a term).
+# Mark a loss (a follower saw the store hold nothing, or a release of a lower term, where it
+# had shown a term).
 # KEYS[1] holder key, KEYS[2] term counter. ARGV[1] the term seen, ARGV[2] event channel.
-# Only while there is no holder key and the counter is below the term: raises the counter to
-# it, which is the marker — the "absent.<counter>" record above — and publishes it.
+# Only while there is no holder key, or one holding a release below the term, and the counter
+# is below the term: deletes the release, raises the counter to the term, which is the marker
+# — the "absent.<counter>" record above — and publishes it.
 # Returns {1, nil, counter} or {0, current value | nil, counter | nil}.
 MARK_LOST = (
     _HELPERS
     + """
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
-if current or term_of(counter) >= tonumber(ARGV[1]) then
+local seen = tonumber(ARGV[1])
+if current then
+  local held = decoded(current)
+  if not (held and held.released == true and held.holder == nil
+          and term_of(held.term) < seen) then
+    return {0, current, counter}
+  end
+end
+if term_of(counter) >= seen then
   return {0, current, counter}
 end
-counter = string.format('%d', tonumber(ARGV[1]))
+counter = string.format('%d', seen)
+if current then redis.call('DEL', KEYS[1]) end
 redis.call('SET', KEYS[2], counter)
 redis.call('PUBLISH', ARGV[2], cjson.encode({lost = true, term = tonumber(counter)}))
 return {1, false, counter}

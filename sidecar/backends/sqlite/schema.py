@@ -116,17 +116,21 @@ RETURNING {COLUMNS}
 """
 
 # Write down a loss a follower saw (see the contract's ``mark_lost``): only where there is no
-# row, or a marker of a lower term. Stored under `LOST_HOLDER` (a NULL holder means released).
+# row, or a marker or a release of a lower term. Stored under `LOST_HOLDER` (a NULL holder
+# means released).
 MARK_LOST = f"""
 INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
                     acquired_at, renewed_at, successor)
 VALUES (:name, :lost, :term, :duration, 0, :boot_id, {NEW_VERSION}, NULL, :wall, NULL)
 ON CONFLICT (name) DO UPDATE SET
+    holder = excluded.holder,
     term = excluded.term,
     duration = excluded.duration,
     version = excluded.version,
-    renewed_at = excluded.renewed_at
-WHERE leases.holder = :lost AND leases.term < excluded.term
+    renewed_at = excluded.renewed_at,
+    successor = NULL,
+    handed = NULL
+WHERE (leases.holder = :lost OR leases.holder IS NULL) AND leases.term < excluded.term
 RETURNING {COLUMNS}
 """
 
