@@ -1,0 +1,49 @@
+"""The ZooKeeper store: one persistent znode per lease, written only by conditional
+``setData``/``create``, its expiry observed by the followers (never a session's timeout),
+followed through one persistent recursive watch per sidecar.
+
+Through a client of our own over ZooKeeper's wire protocol, on asyncio: no library (the
+measurements that chose it are in docs/zookeeper.md).
+
+* `target` — the ``--store`` URL, checked at start-up.
+* `jute` — the wire format: the records sent and read.
+* `session` — one session: connect, pings, requests, events, reconnects, expiry.
+* `client` — one client for every lease of a sidecar: the epoch, what was seen, the watch.
+* `store` — one lease: the contract's requests and its watch.
+* `candidates` — the candidate registry of a group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
+from sidecar.backends.zookeeper.store import ZooKeeperLease, ZooKeeperLeaseStore
+from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
+
+__all__ = [
+    "ZooKeeperLease",
+    "ZooKeeperLeaseStore",
+    "ZooKeeperStoreClient",
+    "ZooKeeperTarget",
+    "open_zookeeper_client",
+    "open_zookeeper_store",
+    "parse_target",
+]
+
+
+def open_zookeeper_client(config: Config) -> ZooKeeperStoreClient:
+    """The client shared by every lease of the sidecar."""
+    return ZooKeeperStoreClient(
+        parse_target(config.store), request_timeout=config.timing.request_timeout
+    )
+
+
+def open_zookeeper_store(config: Config) -> ZooKeeperLeaseStore:
+    """The store of ``--lease`` alone, on a client of its own."""
+    return ZooKeeperLeaseStore(
+        parse_target(config.store), config.lease, request_timeout=config.timing.request_timeout
+    )

@@ -1,0 +1,178 @@
+"""The candidates of one group in ZooKeeper: one persistent znode per replica,
+``CHROOT/candidates/GROUP/IDENTITY``, whose data is JSON ``{"identity", "version", "revision",
+"priority", "leaving", "app", "started_at", "beat_at"}`` (as on etcd: `get` in ``zkCli.sh``
+shows it).
+
+Beats, not ephemeral znodes: a replica's liveness is observed from its versions on the
+reader's own clock like a lease's (rule 2), the same on every store. An ephemeral znode would
+make liveness the ensemble's session timeout instead, and a sidecar whose session expired
+would vanish from the group while it is still up and beating. Each replica writes only its
+own znode, unconditionally (nobody else writes it), a new version on every beat. ``beat_at``
+is wall time, for humans and for the garbage collection here: once a minute a beating replica
+removes the records not beaten for 20 leases (at least a minute) by its clock, each removal
+conditional on the znode's data version, so a replica that beat in between keeps its record.
+
+`changes` follows the group on the client's persistent recursive watch and yields every record
+at each change (every beat is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sidecar.backends import records
+from sidecar.backends.base import Candidate, StoreError
+from sidecar.backends.etcd.records import encode, new_version
+from sidecar.backends.zookeeper import jute
+from sidecar.backends.zookeeper.session import ZkError
+from sidecar.logs import log
+
+if TYPE_CHECKING:
+    from sidecar.backends.zookeeper.client import Node, ZooKeeperStoreClient
+
+logger = logging.getLogger("sidecar.zookeeper")
+
+GC_LEASES = 20
+GC_MIN = 60.0  # seconds
+GC_EVERY = 60.0  # monotonic seconds between two garbage collections of one registry
+
+
+def decode(name: str, data: bytes) -> Candidate:
+    """The candidate a znode holds, checked (`sidecar.backends.records`): a value that is not
+    ours, or one under another identity's name, is left out by the reader (and left alone)."""
+    try:
+        raw: Any = json.loads(data)
+    except (ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):
+        return records.unreadable_candidate(name, data, "not a JSON object")
+    candidate = records.candidate(
+        identity=raw.get("identity"),
+        version=raw.get("version"),
+        revision=raw.get("revision", ""),
+        priority=raw.get("priority", 0),
+        leaving=raw.get("leaving", False),
+        started_at=raw.get("started_at"),
+        beat_at=raw.get("beat_at"),
+        app=raw.get("app", ""),
+    )
+    if candidate.unreadable is None and name != candidate.identity:
+        problem = f"identity {candidate.identity!r} written under another identity's znode"
+        return records.unreadable_candidate(name, candidate.version, problem)
+    return candidate
+
+
+class ZooKeeperCandidates:
+    def __init__(self, client: ZooKeeperStoreClient, group: str) -> None:
+        self.client = client
+        self.group = group
+        self.path = f"{client.candidates_path}/{group}"
+        self._last_gc = float("-inf")
+        self._following = 0
+
+    def _znode(self, identity: str) -> str:
+        return f"{self.path}/{identity}"
+
+    async def beat(self, candidate: Candidate, duration: float) -> None:
+        async def work() -> None:
+            wall = self.client.clock.wall()
+            value = encode(
+                {
+                    "identity": candidate.identity,
+                    "version": candidate.version or new_version(),
+                    "revision": candidate.revision,
+                    "priority": candidate.priority,
+                    "leaving": candidate.leaving,
+                    "app": candidate.app,
+                    "started_at": _iso(candidate.started_at),
+                    "beat_at": wall.isoformat(),
+                }
+            )
+            await self._put(self._znode(candidate.identity), value)
+            now = self.client.clock.now()
+            if now - self._last_gc >= GC_EVERY:
+                self._last_gc = now
+                await self._collect(wall - timedelta(seconds=max(GC_MIN, GC_LEASES * duration)))
+
+        await self.client.guarded(work)
+
+    async def _put(self, path: str, value: bytes) -> None:
+        """Write ``path`` whatever it holds, creating it (and its parents) where absent."""
+        client = self.client
+        for _ in range(3):
+            try:
+                await client.call(jute.SET_DATA, jute.set_data(path, value, -1), "beat")
+                return
+            except ZkError as error:
+                if error.code != jute.NO_NODE:
+                    raise
+            await client.make_parents(path)
+            try:
+                await client.call(jute.CREATE, jute.create(path, value, client.acl), "beat")
+                return
+            except ZkError as error:
+                if error.code != jute.NODE_EXISTS:
+                    raise
+        raise client.fail("warning", f"{path} kept appearing and vanishing under the beat")
+
+    async def list(self) -> builtins.list[Candidate]:
+        async def work() -> builtins.list[Candidate]:
+            return [decode(name, node.data) for name, node in (await self._nodes()).items()]
+
+        return await self.client.guarded(work)
+
+    async def _nodes(self) -> dict[str, Node]:
+        names = await self.client.children(self.path)
+        nodes = await asyncio.gather(*(self.client.read(self._znode(name)) for name in names))
+        return {name: node for name, node in zip(names, nodes, strict=True) if node is not None}
+
+    async def leave(self, identity: str) -> None:
+        async def work() -> None:
+            await self.client.delete(self._znode(identity))
+
+        await self.client.guarded(work)
+
+    async def changes(self) -> AsyncIterator[builtins.list[Candidate] | None]:
+        """Every record of the group at each change, after every (re)arming of the watch."""
+        signal = asyncio.Event()
+        stop = self.client.follow(self.path + "/", signal.set)
+        self._following += 1
+        try:
+            while True:
+                await signal.wait()
+                signal.clear()
+                try:
+                    listed = await self.list()
+                except StoreError:
+                    yield None  # read it yourself; the next arming tells again
+                    continue
+                yield listed
+        finally:
+            self._following -= 1
+            stop()
+
+    def following(self) -> bool:
+        return self._following > 0 and self.client.watching
+
+    async def _collect(self, older_than: datetime) -> None:
+        """Remove records beaten before ``older_than`` (wall clock: garbage collection only),
+        each only if nobody wrote it since it was read. Best effort."""
+        try:
+            for name, node in (await self._nodes()).items():
+                beat_at = decode(name, node.data).beat_at
+                if beat_at is None or beat_at.tzinfo is None or beat_at >= older_than:
+                    continue
+                if await self.client.delete(self._znode(name), node.stat.version):
+                    log(logger, "info", "removed a stale candidate", identity=name)
+        except (StoreError, ZkError):
+            return
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
