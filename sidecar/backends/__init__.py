@@ -17,6 +17,7 @@ from sidecar.backends.kubernetes.description import KUBERNETES
 from sidecar.backends.postgresql.description import POSTGRESQL
 from sidecar.backends.redis.description import REDIS
 from sidecar.backends.sqlite.description import SQLITE
+from sidecar.backends.zookeeper.description import ZOOKEEPER
 from sidecar.options import Option
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ STORES: tuple[Store, ...] = (
     REDIS,
     ETCD,
     POSTGRESQL,
+    ZOOKEEPER,
 )
 
 IN_CLUSTER = KUBERNETES.example

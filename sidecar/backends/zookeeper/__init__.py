@@ -5,6 +5,7 @@ followed through one persistent recursive watch per sidecar.
 Through a client of our own over ZooKeeper's wire protocol, on asyncio: no library (the
 measurements that chose it are in docs/zookeeper.md).
 
+* `description` — the store as the sidecar knows it: its URL.
 * `target` — the ``--store`` URL, checked at start-up.
 * `jute` — the wire format: the records sent and read.
 * `session` — one session: connect, pings, requests, events, reconnects, expiry.
@@ -17,12 +18,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
-from sidecar.backends.zookeeper.store import ZooKeeperLease, ZooKeeperLeaseStore
+from sidecar.backends.lazy import lazy_names
 from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target
 
 if TYPE_CHECKING:
-    from sidecar.config import Config
+    from sidecar.backends.description import StoreConfig
+    from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
+    from sidecar.backends.zookeeper.store import ZooKeeperLease, ZooKeeperLeaseStore
+
+_LAZY = {
+    "ZooKeeperStoreClient": "sidecar.backends.zookeeper.client",
+    "ZooKeeperLease": "sidecar.backends.zookeeper.store",
+    "ZooKeeperLeaseStore": "sidecar.backends.zookeeper.store",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "ZooKeeperLease",
@@ -35,15 +45,19 @@ __all__ = [
 ]
 
 
-def open_zookeeper_client(config: Config) -> ZooKeeperStoreClient:
+def open_zookeeper_client(config: StoreConfig) -> ZooKeeperStoreClient:
     """The client shared by every lease of the sidecar."""
+    from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
+
     return ZooKeeperStoreClient(
         parse_target(config.store), request_timeout=config.timing.request_timeout
     )
 
 
-def open_zookeeper_store(config: Config) -> ZooKeeperLeaseStore:
+def open_zookeeper_store(config: StoreConfig) -> ZooKeeperLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
+    from sidecar.backends.zookeeper.store import ZooKeeperLeaseStore
+
     return ZooKeeperLeaseStore(
         parse_target(config.store), config.lease, request_timeout=config.timing.request_timeout
     )

@@ -15,6 +15,7 @@ import re
 import urllib.parse
 from collections.abc import Callable
 
+from sidecar.backends.endpoints import join_host, split_host_port
 from sidecar.config_error import ConfigError
 from sidecar.redact import redact_url
 
@@ -44,10 +45,6 @@ class ZooKeeperTarget:
         if self.username is None:
             return None
         return f"{self.username}:{self.password or ''}".encode()
-
-
-def join_host(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_target(url: str) -> ZooKeeperTarget:
@@ -81,12 +78,7 @@ def parse_target(url: str) -> ZooKeeperTarget:
 
 
 def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]:
-    host, port = text, ""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    if not host or (port and not (port.isdigit() and 0 < int(port) <= 65535)):
-        raise bad(f"{text!r} is not HOST or HOST:PORT")
-    return host, int(port) if port else DEFAULT_PORT
+    try:
+        return split_host_port(text, DEFAULT_PORT)
+    except ValueError:
+        raise bad(f"{text!r} is not HOST or HOST:PORT") from None
