@@ -258,14 +258,35 @@ class Member(Server):
         self.myid = myid
         self.quorum_port, self.election_port = ports[1], ports[2]
         self.main_class = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+        self.peers: dict[int, tuple[int, int]] = {}
+        """Where this member looks for the others (myid → quorum and election ports), when
+        not where they are (`isolate`)."""
 
     def settings(self) -> dict[str, str]:
         settings = super().settings()
         for member in self.ensemble.members:
-            settings[f"server.{member.myid}"] = (
-                f"127.0.0.1:{member.quorum_port}:{member.election_port}"
+            quorum, election = (
+                (self.quorum_port, self.election_port)
+                if member is self
+                else self.peers.get(member.myid, (member.quorum_port, member.election_port))
             )
+            settings[f"server.{member.myid}"] = f"127.0.0.1:{quorum}:{election}"
         return settings
+
+    def isolate(self) -> None:
+        """Restart it cut off from the others, its clients' port unchanged: its quorum and
+        election ports move where the others do not look, and it looks for them where nobody
+        listens. It runs and never serves (a minority of one) while the others go on: a
+        partition on loopback, no firewall needed."""
+        self.kill()
+        others = [m for m in self.ensemble.members if m is not self]
+        ports = free_ports(2 + 2 * len(others))
+        self.quorum_port, self.election_port = ports[0], ports[1]
+        self.peers = {
+            member.myid: (ports[2 + 2 * index], ports[3 + 2 * index])
+            for index, member in enumerate(others)
+        }
+        self.launch()
 
     def write_config(self) -> None:
         super().write_config()

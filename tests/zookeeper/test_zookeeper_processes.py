@@ -1,0 +1,122 @@
+"""Real ``leader-sidecar`` processes on a real three-member ZooKeeper ensemble, watched every
+10 ms for the whole test by `LeaderObserver` (never two 200s from different replicas at one
+instant): the ensemble loses its quorum and gets it back; one member is cut off from the
+others with a sidecar that knows only it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.sidecars import LeaderObserver, SidecarProcess, observing, sidecars
+from tests.zookeeper.servers import Ensemble, Member, ensemble, fresh_chroot
+
+pytestmark = pytest.mark.slow
+
+# Short, but longer than the client's reconnect back-off (at most 1.5 s): a leader comes back
+# within two leases of the ensemble serving again.
+LEASE = 2.0
+
+
+@pytest.fixture
+def members() -> Iterator[Ensemble]:
+    with ensemble() as started:
+        yield started
+
+
+def assert_fenced(observer: LeaderObserver) -> None:
+    """Every new reign carries a higher term than every earlier one (rule 5)."""
+    seen = sorted({(s.since, s.term, s.identity) for s in observer.samples if s.leader and s.term})
+    terms = [term for _since, term, _identity in seen]
+    assert terms == sorted(terms), seen
+    assert len(set(terms)) == len(terms), seen
+
+
+def unavailable_logged(procs: list[SidecarProcess]) -> bool:
+    return any(
+        entry.get("msg") in ("zookeeper unavailable", "zookeeper connection lost")
+        for proc in procs
+        for entry in proc.logs
+    )
+
+
+async def wait_serving(member_list: list[Member]) -> None:
+    for member in member_list:
+        await asyncio.to_thread(member.wait_serving)
+
+
+async def test_without_quorum_the_leader_demotes_at_its_deadline_and_no_one_leads(
+    members: Ensemble,
+) -> None:
+    """Two of three members stopped (the ensemble's leader among them): the last one stops
+    serving, so renewals fail, the leader answers 503 at its own deadline and nobody leads
+    while the quorum is lost. Started again: a leader within two leases of the ensemble
+    serving, under a term at least as high. The server operations block, so they run in
+    threads while the observer keeps polling."""
+    zk_leader = members.leader()
+    follower = next(m for m in members.members if m is not zk_leader)
+    stopped = [zk_leader, follower]
+    url = members.url(fresh_chroot("quorum"))
+    with sidecars(["a", "b", "c"], url, lease_duration=f"{LEASE:g}s") as procs:
+        async with observing(procs) as observer:
+            first = await observer.leader()
+            lost_at = time.time()
+            await asyncio.gather(*(asyncio.to_thread(m.stop) for m in stopped))
+            demoted = await observer.wait_for(
+                lambda s: s.name == first.name and not s.leader and s.sent >= lost_at,
+                timeout=LEASE + 1,
+            )
+            assert demoted.received < lost_at + LEASE + 0.3, (demoted, lost_at)
+            # Nobody may lead for as long as the quorum stays lost: watch two more leases.
+            await asyncio.sleep(2 * LEASE)
+            back_at = time.time()
+            for member in stopped:
+                await asyncio.to_thread(member.launch)
+            await wait_serving(members.members)
+            serving_at = time.time()
+            during = [s for s in observer.samples if s.leader and demoted.sent <= s.sent < back_at]
+            assert not during, during[:3]
+            again = await observer.leader(timeout=2 * LEASE + 2, after=serving_at)
+            assert again.sent - serving_at <= 2 * LEASE, (again, serving_at)
+            assert again.term is not None
+            assert first.term is not None
+            assert again.term >= first.term
+            assert unavailable_logged(procs), "no sidecar said zookeeper was unavailable"
+    observer.assert_never_two_leaders()
+    assert_fenced(observer)
+
+
+async def test_a_sidecar_that_reaches_only_a_partitioned_minority_never_leads(
+    members: Ensemble,
+) -> None:
+    """One member cut off from the other two (`Member.isolate`): the two go on serving and
+    elect a leader among the sidecars that reach them; the sidecar that reaches only the lone
+    member never gets a session, and never leads, for three leases of a held lease."""
+    lone = members.members[2]
+    majority = members.members[:2]
+    await asyncio.to_thread(lone.isolate)
+    await wait_serving(majority)
+    assert lone.running()
+    assert not lone.serving()
+    chroot = fresh_chroot("partition")
+    with sidecars(["a", "b"], members.url(chroot), lease_duration=f"{LEASE:g}s") as procs:
+        cut_off = SidecarProcess.start(
+            "c", members.url(chroot, [lone]), lease_duration=f"{LEASE:g}s"
+        )
+        try:
+            async with observing([*procs, cut_off]) as observer:
+                leader = await observer.leader()
+                assert leader.name in ("a", "b")
+                watched_from = time.time()
+                await asyncio.sleep(3 * LEASE)
+                assert not lone.serving()
+                seen = [s for s in observer.samples if s.name == "c" and s.sent >= watched_from]
+                assert seen, "the cut-off sidecar was not observed"
+                assert not [s for s in observer.samples if s.name == "c" and s.leader]
+                assert unavailable_logged([cut_off])
+        finally:
+            cut_off.stop()
+    observer.assert_never_two_leaders()
