@@ -1,18 +1,22 @@
 """Real ``leader-sidecar`` processes on a real three-member ZooKeeper ensemble, watched every
 10 ms for the whole test by `LeaderObserver` (never two 200s from different replicas at one
 instant): the ensemble loses its quorum and gets it back; one member is cut off from the
-others with a sidecar that knows only it."""
+others with a sidecar that knows only it; ``status`` reads what a digest user's sidecars
+wrote, and the password reaches no log line."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.sidecars import LeaderObserver, SidecarProcess, observing, sidecars
-from tests.zookeeper.servers import Ensemble, Member, ensemble, fresh_chroot
+from tests.support.sidecars import REPO, LeaderObserver, SidecarProcess, observing, sidecars
+from tests.zookeeper.servers import Ensemble, Member, ensemble, fresh_chroot, shared_standalone
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +124,32 @@ async def test_a_sidecar_that_reaches_only_a_partitioned_minority_never_leads(
         finally:
             cut_off.stop()
     observer.assert_never_two_leaders()
+
+
+async def test_status_reads_a_digest_users_lease_and_no_log_shows_the_password() -> None:
+    password = "zk-digest-password-of-a-test"
+    url = shared_standalone().url(fresh_chroot("status"))
+    url = url.replace("zookeeper://", f"zookeeper://app:{password}@")
+    with sidecars(["a", "b"], url, lease_duration=f"{LEASE:g}s") as procs:
+        async with observing(procs) as observer:
+            leader = await observer.leader()
+            await observer.wait_for(lambda s: s.name != leader.name and not s.leader, 5)
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "sidecar", "status", "--store", url, "-o", "json"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    (lease,) = status["leases"]
+    assert (lease["holder"], lease["term"], lease["state"]) == (
+        leader.identity,
+        leader.term,
+        "held",
+    )
+    assert password not in done.stdout + done.stderr
+    assert not [line for proc in procs for line in proc.raw if password in line]
