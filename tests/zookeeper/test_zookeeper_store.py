@@ -1,6 +1,6 @@
 """The ZooKeeper store against real servers where the contract suite cannot reach: a session
-the server expired, a member of the ensemble killed under a connected client, a URL's
-mistakes."""
+the server expired, a member of the ensemble killed under a connected client, a digest
+user's ACL, a URL's mistakes."""
 
 from __future__ import annotations
 
@@ -106,6 +106,35 @@ async def test_a_killed_member_costs_a_reconnect_and_no_change_goes_unseen() -> 
         finally:
             await follower.close()
             await writer.close()
+
+
+async def test_a_digest_users_lease_is_closed_to_a_client_without_its_password() -> None:
+    """The znodes a digest user creates are readable and writable by that user alone: a
+    client without credentials, or with a wrong password, reads and writes nothing there and
+    is told so as an unavailable store (never a record of no holder)."""
+    base = shared_standalone().url(fresh_chroot("acl"))
+    owner = ZooKeeperStoreClient(
+        parse_target(base.replace("zookeeper://", "zookeeper://app:right-password@")),
+        request_timeout=5.0,
+    )
+    strangers = [
+        ZooKeeperStoreClient(parse_target(base), request_timeout=5.0),
+        ZooKeeperStoreClient(
+            parse_target(base.replace("zookeeper://", "zookeeper://app:wrong-password@")),
+            request_timeout=5.0,
+        ),
+    ]
+    try:
+        granted = await owner.lease("l").try_acquire("a_1", LEASE, 0, expected=None)
+        for stranger in strangers:
+            with pytest.raises(StoreUnavailable, match="not authorised"):
+                await stranger.lease("l").read()
+            with pytest.raises(StoreUnavailable, match="not authorised"):
+                await stranger.lease("other").try_acquire("b_1", LEASE, 0, expected=None)
+        assert await owner.lease("l").read() == granted
+    finally:
+        for client in (owner, *strangers):
+            await client.close()
 
 
 @pytest.mark.parametrize(
