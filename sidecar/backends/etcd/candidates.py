@@ -30,10 +30,10 @@ from sidecar.backends.etcd.records import (
     KeyValue,
     candidates_prefix,
     encode,
-    new_version,
     range_end,
     range_op,
 )
+from sidecar.backends.kit.versions import new_version
 from sidecar.logs import log
 
 if TYPE_CHECKING:

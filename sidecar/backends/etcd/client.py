@@ -32,6 +32,7 @@ from sidecar.backends.etcd.records import (
 )
 from sidecar.backends.etcd.target import EtcdTarget
 from sidecar.backends.etcd.watch import WatchHub
+from sidecar.backends.kit import versions
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
 from sidecar.supervisor import Supervisor
@@ -44,7 +45,6 @@ T = TypeVar("T")
 C = TypeVar("C")
 logger = logging.getLogger("sidecar.etcd")
 
-EPOCH = "~"  # separates a stored version from the epoch it was seen in
 RENEW_ROUNDS = 3
 MAX_TXN_OPS = 64
 """Operations per ``Txn`` the client sends at most (etcd refuses more than ``--max-txn-ops``,
@@ -105,7 +105,7 @@ class EtcdStoreClient:
         """The record ``kv`` holds (checked: one that is not ours is unreadable), with this
         client's epoch in its version."""
         record = decode_record(kv.value)
-        version = f"{record.version}{EPOCH}{self.epoch}"
+        version = f"{record.version}{versions.epoch_tag(self.epoch)}"
         if kv.mod_revision <= self.restored_revision and record.unreadable is None:
             # Written before etcd went back in time (a restore from an older snapshot): what
             # it shows is what the store remembered, not what it last granted. Shown as the
@@ -123,8 +123,7 @@ class EtcdStoreClient:
     def untagged(self, version: str) -> str | None:
         """The stored version a reported one names, or None if it was reported in an earlier
         epoch (seen before etcd may have gone back: no basis for a grant)."""
-        stored, _, epoch = version.rpartition(EPOCH)
-        return stored if epoch == str(self.epoch) else None
+        return versions.untagged(version, self.epoch)
 
     def note(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
         """Remember what ``key`` holds as of revision ``as_of``, unless something later is

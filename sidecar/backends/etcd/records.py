@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import secrets
 from datetime import datetime
 from typing import Any
 
 from sidecar.backends import records
 from sidecar.backends.base import LeaseRecord, lost_grant
 from sidecar.backends.etcd.api import b64, unb64
+from sidecar.backends.kit.versions import new_version
 
 
 def lease_key(prefix: str, lease: str) -> bytes:
@@ -48,11 +48,6 @@ def range_end(prefix: bytes) -> bytes:
             end[i] += 1
             return bytes(end[: i + 1])
     return b"\0"
-
-
-def new_version() -> str:
-    """A version no write ever had: 64 random bits."""
-    return secrets.token_hex(8)
 
 
 def ms(seconds: float) -> int:

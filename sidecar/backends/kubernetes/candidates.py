@@ -25,13 +25,13 @@ import contextlib
 import hashlib
 import json
 import random
-import secrets
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.reflector import CLIENT_GO, Listed, Pacing, Reflector
 from sidecar.backends.kubernetes.watch import Selection, unavailable
@@ -132,7 +132,7 @@ class KubernetesCandidates:
     async def beat(self, candidate: Candidate, duration: float) -> None:
         """Write our own key only; create the Lease if the group has none yet."""
         beat_at = self._clock.wall()
-        value = encode(candidate, candidate.version or secrets.token_hex(8), beat_at)
+        value = encode(candidate, candidate.version or new_version(), beat_at)
         annotations = {annotation_key(candidate.identity): value}
         try:
             await self._merge("beat candidate", {"metadata": {"annotations": annotations}})

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from sidecar.backends.base import Candidate
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
-from sidecar.backends.postgresql.client import new_version
 
 if TYPE_CHECKING:
     from sidecar.backends.postgresql.client import PostgresStoreClient

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +21,8 @@ from sidecar.backends.base import (
     StoreError,
     StoreUnavailable,
 )
+from sidecar.backends.kit import versions
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.errors import explain, session_may_be_lost
 from sidecar.backends.postgresql.hosts import addresses, first_usable
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.postgresql")
-
-EPOCH = "~"  # separates a stored version from the epoch it was seen in
 
 
 class SchemaMissing(StoreUnavailable):
@@ -261,18 +259,15 @@ class PostgresStoreClient:
 
     def tag(self) -> str:
         """What this client appends to every version it reports (see ``epoch``)."""
-        return f"{EPOCH}{self.epoch}"
+        return versions.epoch_tag(self.epoch)
 
     def tagged(self, record: LeaseRecord | None) -> LeaseRecord | None:
-        if record is None:
-            return None
-        return dataclasses.replace(record, version=f"{record.version}{self.tag()}")
+        return versions.tagged(record, self.epoch)
 
     def untagged(self, version: str) -> str | None:
         """The stored version a reported one names, or None if it was reported in an earlier
-        epoch (observed before the server may have lost writes: no basis for a grant)."""
-        stored, _, epoch = version.rpartition(EPOCH)
-        return stored if epoch == str(self.epoch) else None
+        epoch (see `versions.untagged`)."""
+        return versions.untagged(version, self.epoch)
 
     def new_epoch(self) -> None:
         self.epoch += 1
@@ -379,11 +374,6 @@ async def _no_reset(connection: asyncpg.Connection) -> None:
     """The pool's reset between requests: none. The sidecar never changes session state (no
     SET, no LISTEN, no advisory lock on pooled connections), and asyncpg's default reset is a
     round trip per request."""
-
-
-def new_version() -> str:
-    """A version no write ever had: 64 random bits."""
-    return secrets.token_hex(8)
 
 
 async def ensure_schema(connection: asyncpg.Connection, *, create: bool) -> None:

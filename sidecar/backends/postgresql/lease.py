@@ -11,8 +11,9 @@ import asyncpg
 
 from sidecar.backends import records
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
-from sidecar.backends.postgresql.client import PostgresStoreClient, new_version
+from sidecar.backends.postgresql.client import PostgresStoreClient
 from sidecar.backends.postgresql.hub import LeaseWatch
 from sidecar.backends.postgresql.target import PostgresTarget
 from sidecar.backends.records import check_term

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate
-from sidecar.backends.redis.client import ms, new_version
+from sidecar.backends.kit.versions import new_version
+from sidecar.backends.redis.client import ms
 from sidecar.backends.redis.scripts import candidates_channel, candidates_key
 
 if TYPE_CHECKING:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +25,8 @@ from sidecar.backends.base import (
     StoreError,
     StoreUnavailable,
 )
+from sidecar.backends.kit import versions
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
 from sidecar.backends.redis.reads import WatchReads
@@ -64,8 +64,6 @@ logger = logging.getLogger("sidecar.redis")
 # Retrying a script is safe: acquire and renew are idempotent for the caller, and a repeated
 # release answers NotOwned with the freed record.
 _ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-
-EPOCH = "~"  # separates a stored version from the epoch it was seen in
 
 
 class RedisStoreClient:
@@ -242,15 +240,12 @@ class RedisStoreClient:
 
     def tagged(self, record: LeaseRecord | None) -> LeaseRecord | None:
         """The record with this client's epoch in its version (see ``epoch``)."""
-        if record is None:
-            return None
-        return dataclasses.replace(record, version=f"{record.version}{EPOCH}{self.epoch}")
+        return versions.tagged(record, self.epoch)
 
     def untagged(self, version: str) -> str | None:
         """The stored version a reported one names, or None if it was reported in an earlier
-        epoch (observed before the server may have lost writes: no basis for a grant)."""
-        stored, _, epoch = version.rpartition(EPOCH)
-        return stored if epoch == str(self.epoch) else None
+        epoch (see `versions.untagged`)."""
+        return versions.untagged(version, self.epoch)
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -426,11 +421,6 @@ class RedisStoreClient:
         if self._sentinel is not None:
             with contextlib.suppress(Exception):
                 await self._sentinel.aclose()
-
-
-def new_version() -> str:
-    """A version no write ever had: 64 random bits."""
-    return secrets.token_hex(8)
 
 
 def ms(seconds: float) -> int:

@@ -14,7 +14,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreError
-from sidecar.backends.redis.client import RedisStoreClient, ms, new_version
+from sidecar.backends.kit.versions import new_version
+from sidecar.backends.redis.client import RedisStoreClient, ms
 from sidecar.backends.redis.hub import Follower
 from sidecar.backends.redis.scripts import granted, lease_keys, reply_record, value_record
 from sidecar.backends.redis.target import RedisTarget

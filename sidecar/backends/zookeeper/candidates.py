@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate, StoreError
-from sidecar.backends.etcd.records import encode, new_version
+from sidecar.backends.etcd.records import encode
+from sidecar.backends.kit.versions import new_version
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ZkError
 from sidecar.logs import log
