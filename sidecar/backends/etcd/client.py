@@ -33,6 +33,7 @@ from sidecar.backends.etcd.records import (
 from sidecar.backends.etcd.target import EtcdTarget
 from sidecar.backends.etcd.watch import WatchHub
 from sidecar.backends.kit import versions
+from sidecar.backends.kit.guard import Guard
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
 from sidecar.supervisor import Supervisor
@@ -88,7 +89,7 @@ class EtcdStoreClient:
         self.restored_revision = 0
         # What was last seen of each key (None: absent): a write is conditional on exactly it.
         self.seen: dict[bytes, KeyValue | None] = {}
-        self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self.guard = Guard("etcd", logger, lambda: self.description)
         self.writes = 0  # Txns that write, sent (tests count requests, as client-go's do)
         self.hub = WatchHub(self, silence=silence, probe_every=probe_every)
         # Every lease's key is under this range: the leases share one watch stream of it.
@@ -171,34 +172,25 @@ class EtcdStoreClient:
             answer = await self.api.call(op, path, body)
         except EtcdError as error:
             failure = unavailable(error, self.target)
-            self._log_failure(str(failure))
+            self.guard.report("warning", str(failure), str(failure))
             raise failure from None
         finally:
             self._slots.release()
-        if self._failing is not None:
-            log(logger, "info", "etcd answers again", store=self.description)
-            self._failing = None
+        self.guard.answered()
         return answer
 
     async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run one store operation; anything that is not an answer about the lease becomes
         `StoreUnavailable`."""
-        try:
-            return await work()
-        except (StoreError, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # a malformed answer: the contract allows only StoreErrors
-            raise self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}") from exc
+        # A malformed answer: the contract allows only StoreErrors.
+        return await self.guard.run(
+            work, lambda exc: self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}")
+        )
 
     def fail(self, level: str, cause: str) -> StoreUnavailable:
         message = f"etcd {self.description}: {cause}"
-        self._log_failure(message, level)
+        self.guard.report(level, message, message)
         return StoreUnavailable(message)
-
-    def _log_failure(self, message: str, level: str = "warning") -> None:
-        if message != self._failing:
-            log(logger, level, "etcd unavailable", store=self.description, error=message)
-            self._failing = message
 
     async def read(self, key: bytes) -> KeyValue | None:
         """The key, linearizably. Raises `StoreUnavailable`."""

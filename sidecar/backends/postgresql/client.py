@@ -18,10 +18,10 @@ from sidecar.backends.base import (
     NotOwned,
     Renewal,
     RenewalOutcome,
-    StoreError,
     StoreUnavailable,
 )
 from sidecar.backends.kit import versions
+from sidecar.backends.kit.guard import Guard
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.errors import explain, session_may_be_lost
@@ -29,7 +29,6 @@ from sidecar.backends.postgresql.hosts import addresses, first_usable
 from sidecar.backends.postgresql.hub import ListenHub
 from sidecar.backends.postgresql.target import PostgresTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.logs import log
 from sidecar.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -90,9 +89,8 @@ class PostgresStoreClient:
         # can come back under a version seen before, without the renewals that followed it
         # (rule 2). One server, one epoch: what one lease's failure says holds for all.
         self.epoch = 0
-        self._answered = True  # the last request got an answer (see `guarded`)
         self.requests = 0  # requests sent through the pool (for tests: one per batch)
-        self._failing: str | None = None  # the problem last logged, until a request succeeds
+        self.guard = Guard("postgresql", logger, lambda: self.description)
         self.hub = ListenHub(self)
 
     @property
@@ -278,31 +276,25 @@ class PostgresStoreClient:
         """Run one request; every failure that is not an answer about the lease becomes
         `StoreUnavailable` with a message that names the cause."""
         try:
-            result = await work()
-        except StoreError as exc:
-            if isinstance(exc, StoreUnavailable):
-                self._log_failure("error", str(exc))
+            result = await self.guard.run(work, self._failed)
+        except StoreUnavailable as exc:
+            # One the work raised itself (the schema missing) is logged too, once.
+            self.guard.report("error", str(exc), str(exc))
             raise
-        except Exception as exc:  # asyncpg, the socket, TLS, a row that is not ours
-            if session_may_be_lost(exc):
-                self._lost_sight()
-            raise self.unavailable(exc) from exc
-        self._answered = True
-        if self._failing is not None:
-            log(logger, "info", "postgresql answers again", store=self.description)
-            self._failing = None
+        self.guard.answered()
         return result
 
-    def _lost_sight(self) -> None:
-        """A session was lost: the server may have restarted, failed over or been restored
-        meanwhile. A new epoch, once per outage (the first such failure after an answer), so
-        a thousand leases failing one after another do not keep restarting every follower's
+    def _failed(self, exc: Exception) -> StoreUnavailable:
+        """A request failed without an answer (asyncpg, the socket, TLS, a row that is not
+        ours). If its session was lost, the server may have restarted, failed over or been
+        restored meanwhile: a new epoch, once per outage (`Guard.outage_begins`), so a
+        thousand leases failing one after another do not keep restarting every follower's
         count. A request that only took too long loses nothing: its session lives on (and a
         session cannot outlive a restart, a failover or a restore; the LISTEN session, which
         every watching sidecar holds, sees those as a broken connection too)."""
-        if self._answered:
+        if session_may_be_lost(exc) and self.guard.outage_begins():
             self.new_epoch()
-            self._answered = False
+        return self.unavailable(exc)
 
     def unavailable(self, exc: BaseException) -> StoreUnavailable:
         level, cause = explain(exc, request_timeout=self.request_timeout, tls=self.target.tls)
@@ -312,14 +304,8 @@ class PostgresStoreClient:
         """The exception to raise; logged once per distinct problem, not once per request or
         per lease, until a request succeeds again."""
         message = f"postgresql {self.description}: {cause}"
-        self._log_failure(level, message, cause)
+        self.guard.report(level, message, cause)
         return StoreUnavailable(message)
-
-    def _log_failure(self, level: str, message: str, cause: str | None = None) -> None:
-        if message != self._failing:
-            log(logger, level, "postgresql unavailable", store=self.description,
-                error=cause or message)  # fmt: skip
-            self._failing = message
 
     # -- the StoreClient contract ---------------------------------------------------------
 

@@ -26,6 +26,7 @@ from sidecar.backends.base import (
     StoreUnavailable,
 )
 from sidecar.backends.kit import versions
+from sidecar.backends.kit.guard import Guard
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.redis.errors import explain, is_foreign_value
 from sidecar.backends.redis.hub import ChannelHub
@@ -127,8 +128,7 @@ class RedisStoreClient:
         # that followed it (rule 2). One server, one epoch: what one lease's failure says
         # about the server holds for all of them.
         self.epoch = 0
-        self._failing: str | None = None  # the problem last logged, until a request succeeds
-        self._answered = True  # the last request got an answer (see `guarded`)
+        self.guard = Guard("redis", logger, self.where)
         self.hub = ChannelHub(self)
         self._sentinels: asyncio.Task[None] | None = None
 
@@ -253,26 +253,20 @@ class RedisStoreClient:
         """Run one request; every failure that is not an answer about the lease becomes
         `StoreUnavailable` with a message that names the cause (``key``: the key a foreign
         value would be in)."""
-        try:
-            result = await work()
-        except StoreError:
-            raise
-        except Exception as exc:  # redis-py, the socket, TLS, a foreign value in our key
-            # The server may have restarted and lost writes: a new epoch. Once per outage
-            # (the first failure after an answer), and never for a foreign value in one key:
-            # the epoch is every lease's, and a thousand leases' requests failing one after
-            # another must not keep restarting every follower's count (no takeover, ever).
-            # Safe: between two failures without an answer, no request observed anything, and
-            # the pub/sub hub bumps the epoch itself on every reconnection.
-            if self._answered and not is_foreign_value(exc):
-                self.epoch += 1
-                self._answered = False
-            raise self.unavailable(exc, key) from exc
-        self._answered = True
-        if self._failing is not None:
-            log(logger, "info", "redis answers again", store=self.where())
-            self._failing = None
+        result = await self.guard.run(work, lambda exc: self._failed(exc, key))
+        self.guard.answered()
         return result
+
+    def _failed(self, exc: Exception, key: str) -> StoreUnavailable:
+        """A request failed without an answer (redis-py, the socket, TLS, a foreign value in
+        our key). The server may have restarted and lost writes: a new epoch. Once per outage
+        (`Guard.outage_begins`), and never for a foreign value in one key: the epoch is every
+        lease's, and a thousand leases' requests failing one after another must not keep
+        restarting every follower's count (no takeover, ever). The pub/sub hub bumps the epoch
+        itself on every reconnection."""
+        if not is_foreign_value(exc) and self.guard.outage_begins():
+            self.epoch += 1
+        return self.unavailable(exc, key)
 
     def unavailable(self, exc: BaseException, key: str) -> StoreUnavailable:
         level, cause = explain(
@@ -284,9 +278,7 @@ class RedisStoreClient:
         """The exception to raise; logged once per distinct problem (``kind``, else the
         message), not once per request or per lease, until a request succeeds again."""
         message = f"redis {self.where()}: {cause}"
-        if (kind or message) != self._failing:
-            log(logger, level, "redis unavailable", store=self.where(), error=cause)
-            self._failing = kind or message
+        self.guard.report(level, kind or message, cause)
         return StoreUnavailable(message)
 
     # -- Sentinel -------------------------------------------------------------------------
