@@ -18,42 +18,15 @@ import asyncio
 import contextlib
 import json
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import asyncpg
 
-from sidecar.backends.base import LeaseRecord
+from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.postgresql import schema
 
 if TYPE_CHECKING:
     from sidecar.backends.postgresql.client import PostgresStoreClient
-
-# What a watch has seen before its first yield: unlike any version and unlike None (no row).
-_UNSEEN: Any = object()
-
-
-class LeaseWatch:
-    """One running ``watch()``: the newest record not yet yielded, and a flag to wake it."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.seen: LeaseRecord | None = _UNSEEN
-        self.latest: LeaseRecord | None = None
-        self.ready = asyncio.Event()
-        self.ended = False
-
-    def offer(self, record: LeaseRecord | None, *, again: bool = False) -> None:
-        """``again``: yield it even if unchanged (a reconnection: the contract's "once after
-        every (re)connection"). A record differs by its version or, under the same version,
-        by its contents (a hand edit leaves the version as it was)."""
-        if again or self.seen is _UNSEEN or record != self.seen:
-            self.seen = record
-            self.latest = record
-            self.ready.set()
-
-    def end(self) -> None:
-        self.ended = True
-        self.ready.set()
 
 
 class GroupFollower:
@@ -72,7 +45,7 @@ class ListenHub:
 
     def __init__(self, client: PostgresStoreClient) -> None:
         self._client = client
-        self._watches: dict[str, set[LeaseWatch]] = {}
+        self._watches: dict[str, set[Subscription]] = {}
         self._followers: dict[str, set[GroupFollower]] = {}
         self._connected = False
         self._notices: asyncio.Queue[str | None] | None = None  # the live session's
@@ -82,15 +55,15 @@ class ListenHub:
 
     # -- joining and leaving ------------------------------------------------------------------
 
-    def watch(self, name: str) -> LeaseWatch:
-        watch = LeaseWatch(name)
+    def watch(self, name: str) -> Subscription:
+        watch = Subscription(name)
         self._watches.setdefault(name, set()).add(watch)
         if self._notices is not None:
             self._notices.put_nowait("")  # wake the session: it reads the new watch's row
         self._start()
         return watch
 
-    def unwatch(self, watch: LeaseWatch) -> None:
+    def unwatch(self, watch: Subscription) -> None:
         watches = self._watches.get(watch.name)
         if watches is not None:
             watches.discard(watch)

@@ -11,10 +11,10 @@ import asyncpg
 
 from sidecar.backends import records
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
 from sidecar.backends.postgresql.client import PostgresStoreClient
-from sidecar.backends.postgresql.hub import LeaseWatch
 from sidecar.backends.postgresql.target import PostgresTarget
 from sidecar.backends.records import check_term
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -26,7 +26,7 @@ class PostgresLease:
     def __init__(self, client: PostgresStoreClient, name: str) -> None:
         self.client = client
         self.name = name
-        self._watches: set[LeaseWatch] = set()
+        self._watches: set[Subscription] = set()
 
     @property
     def description(self) -> str:
@@ -139,12 +139,8 @@ class PostgresLease:
         watch = self.client.hub.watch(self.name)
         self._watches.add(watch)
         try:
-            while True:
-                await watch.ready.wait()
-                if watch.ended:
-                    return
-                watch.ready.clear()
-                yield watch.latest
+            async for record in watch.records():
+                yield record
         finally:
             self._watches.discard(watch)
             self.client.hub.unwatch(watch)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.base import LOST_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.records import MAX_TERM, check_term
 from sidecar.backends.sqlite.schema import (
     ACQUIRE,
@@ -20,7 +21,6 @@ from sidecar.backends.sqlite.schema import (
     stored_term,
     transaction,
 )
-from sidecar.backends.sqlite.watch import Subscription
 
 if TYPE_CHECKING:
     from sidecar.backends.sqlite.client import SQLiteStoreClient
@@ -164,15 +164,9 @@ class SQLiteLease:
         """Yield the record now, then whenever the client's poller sees its version change
         (including a deleted row), until cancelled or closed."""
         watch = self._subscribe(None)
-        ready = watch.ready
-        assert ready is not None  # (a watch without a callback wakes through its event)
         try:
-            while True:
-                await ready.wait()
-                if watch.ended:
-                    return
-                ready.clear()
-                yield watch.latest
+            async for record in watch.records():
+                yield record
         finally:
             self._unsubscribe(watch)
 

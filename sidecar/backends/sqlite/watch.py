@@ -7,9 +7,8 @@ watched rows that differ from the copy it keeps of them (a table of this connect
 its ``temp`` schema), so that only the rows that changed are read, decoded and handed on — a
 batch of another replica's renewals is 333 rows of 1,000, a candidate beat none.
 
-A watch is either an async iterator (`SQLiteLease.watch`, woken through an event) or a callback
-(`SQLiteLease.follow`, called on the poller's task as each changed row is read: no task, event
-and generator per lease).
+A watch (`kit.subscription.Subscription`) is either an async iterator (`SQLiteLease.watch`) or
+a callback (`SQLiteLease.follow`, called on the poller's task as each changed row is read).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
+from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.sqlite.connection import Connection
 from sidecar.backends.sqlite.schema import (
     WATCHED,
@@ -36,55 +36,6 @@ from sidecar.logs import Throttle, log
 from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.sqlite")
-
-# What a subscription has seen before its first yield: unlike any version, and unlike None
-# (no row), so the first look always yields.
-_UNSEEN: Any = object()
-
-
-class Subscription:
-    """One running watch: the latest record not yet yielded and a flag to wake it, or the
-    callback it is handed to (`follow`)."""
-
-    __slots__ = ("callback", "ended", "latest", "name", "ready", "seen")
-
-    def __init__(
-        self, name: str, callback: Callable[[LeaseRecord | None], None] | None = None
-    ) -> None:
-        self.name = name
-        self.seen: LeaseRecord | None = _UNSEEN
-        self.latest: LeaseRecord | None = None
-        # (An event is ~0.7 KB: a callback needs none, and a sidecar may follow 10,000 leases.)
-        self.ready = asyncio.Event() if callback is None else None
-        self.ended = False
-        self.callback = callback
-
-    @property
-    def fresh(self) -> bool:
-        """Started (or restarted after a failure) and not yet told the current record."""
-        return self.seen is _UNSEEN
-
-    def offer(self, record: LeaseRecord | None) -> None:
-        """Yield ``record`` if it differs from the last one yielded: a new version, or the
-        same version with other contents (a hand edit, which leaves the version as it was)."""
-        if self.ended or not (self.fresh or record != self.seen):
-            return
-        self.seen = record
-        if self.callback is not None:
-            self.callback(record)
-            return
-        self.latest = record
-        assert self.ready is not None
-        self.ready.set()
-
-    def restart(self) -> None:
-        """Yield the record again once reads work: a reconnection, as the contract asks."""
-        self.seen = _UNSEEN
-
-    def end(self) -> None:
-        self.ended = True
-        if self.ready is not None:
-            self.ready.set()
 
 
 class WatchHub:
