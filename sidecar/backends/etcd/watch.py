@@ -54,6 +54,7 @@ import aiohttp
 from sidecar.backends.base import StoreError
 from sidecar.backends.etcd.api import EtcdError, b64
 from sidecar.backends.etcd.records import KeyValue, range_op
+from sidecar.backends.kit.backoff import Backoff
 from sidecar.logs import log
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ class WatchHub:
     async def _run(self, stream: _Stream) -> None:
         """List, watch, and again after every break, until cancelled; never raises."""
         failures = 0
+        backoff = Backoff(*BACKOFF, rng=self._rng)
         while True:
             await asyncio.sleep(JOIN_BATCH)
             stream.joined.clear()
@@ -200,9 +202,9 @@ class WatchHub:
                 was_connected = stream.connected
                 if time.monotonic() - opened >= HEALTHY:
                     failures = 0
+                    backoff.succeeded()
                 failures += 1
-                delay = min(BACKOFF[1], BACKOFF[0] * 2 ** (failures - 1))
-                delay *= self._rng.uniform(0.5, 1.0)
+                delay = backoff.failed()
                 if was_connected:
                     self.client.lost_sight(f"the watch stream broke: {exc}")
                 log(

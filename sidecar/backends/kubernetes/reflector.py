@@ -39,6 +39,7 @@ import random
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+from sidecar.backends.kit.backoff import Backoff
 from sidecar.backends.kubernetes.client import KubeApi
 from sidecar.backends.kubernetes.watch import Relist, Selection, list_leases, stream_leases
 from sidecar.clock import SYSTEM_CLOCK, Clock
@@ -66,29 +67,20 @@ class Pacing:
 CLIENT_GO = Pacing()
 
 
-class Backoff:
+def client_go_backoff(pacing: Pacing, rng: random.Random) -> Backoff:
     """client-go's back-off manager of the reflector (``NewExponentialBackoffManager(800ms,
     30s, 2min, 2.0, 1.0)``): each failure waits its step, jittered up to twice as long, and
     doubles the step up to the cap; the step goes back to the start only after
     ``reset_after`` seconds without a failure, counted from the end of the last wait."""
-
-    def __init__(self, pacing: Pacing, rng: random.Random) -> None:
-        self._pacing = pacing
-        self._rng = rng
-        self._step = pacing.initial
-        self._quiet_since = float("-inf")  # when the retry after the latest failure began
-
-    def failed(self) -> float:
-        """A failure now: the seconds to wait before the next try."""
-        pacing = self._pacing
-        now = pacing.clock.now()
-        if now - self._quiet_since >= pacing.reset_after:
-            self._step = pacing.initial  # healthy long enough: start over
-        step = self._step
-        self._step = min(pacing.cap, step * pacing.factor)
-        delay = step * self._rng.uniform(1.0, 1.0 + pacing.jitter)
-        self._quiet_since = now + delay
-        return delay
+    return Backoff(
+        pacing.initial,
+        pacing.cap,
+        factor=pacing.factor,
+        jitter=(1.0, 1.0 + pacing.jitter),
+        reset_after=pacing.reset_after,
+        clock=pacing.clock,
+        rng=rng,
+    )
 
 
 class ShortWatch(Exception):
@@ -138,7 +130,7 @@ class Reflector:
     async def events(self) -> AsyncGenerator[Listed | Changed, None]:
         """`Listed` after every (re)list, then a `Changed` per event. Never raises but
         CancelledError; runs until the caller stops iterating."""
-        backoff = Backoff(self.pacing, self._rng)
+        backoff = client_go_backoff(self.pacing, self._rng)
         version: str | None = None
         try:
             while True:

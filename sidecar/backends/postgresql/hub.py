@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 from typing import TYPE_CHECKING
 
 import asyncpg
 
+from sidecar.backends.kit.backoff import Backoff, reconnect_forever
 from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.postgresql import schema
 
@@ -113,26 +113,26 @@ class ListenHub:
 
     async def _run(self) -> None:
         """Keep one LISTEN session while anyone watches; never raises."""
-        low, high = self._client.WATCH_BACKOFF
-        delay = low
-        while True:
-            if not self._watches and not self._followers:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            try:
-                await self._serve()
-                delay = low
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # never raise: the watches rely on the hub
-                self._client.new_epoch()  # the server may have failed over or restarted
-                self._client.unavailable(exc)  # logged once per distinct problem
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, high)
-            finally:
-                self._connected = False
-                self._notices = None
+        await reconnect_forever(
+            self._serve,
+            backoff=Backoff(*self._client.WATCH_BACKOFF),
+            failed=self._failed,
+            wanted=self._until_watched,
+            closed=self._closed,
+        )
+
+    async def _until_watched(self) -> None:
+        while not self._watches and not self._followers:
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _failed(self, exc: Exception) -> None:
+        self._client.new_epoch()  # the server may have failed over or restarted
+        self._client.unavailable(exc)  # logged once per distinct problem
+
+    async def _closed(self) -> None:
+        self._connected = False
+        self._notices = None
 
     async def _serve(self) -> None:
         """One connection's life: LISTEN, read every watched row, then deliver notifications

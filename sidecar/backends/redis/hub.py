@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from sidecar.backends.base import LeaseRecord
+from sidecar.backends.kit.backoff import Backoff, reconnect_forever
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -204,6 +204,7 @@ class ChannelHub:
         # (216): a sidecar may watch 10,000 channels.
         self._mailboxes: dict[str, list[Mailbox | Follower]] = {}
         self._confirmed: set[str] = set()  # channels the server confirmed on this connection
+        self._pubsub: PubSub | None = None  # the connection being served
         self._joined = 0  # bumped when a channel is watched or no longer is: resubscribe
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -252,33 +253,46 @@ class ChannelHub:
     async def _run(self) -> None:
         """Keep one subscription to every watched channel until cancelled. Raises only when a
         watch's callback did (`WatchCallbackFailed`): its supervisor then restarts it."""
-        backoff = self._client.WATCH_BACKOFF
-        delay = backoff[0]
-        while True:
-            if not self._mailboxes:  # nobody watches: no connection either
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            pubsub: PubSub = self._client.redis.pubsub()
-            self.connections += 1
-            try:
-                await self._serve(pubsub)
-                delay = backoff[0]
-            except WatchCallbackFailed:
-                # A bug in a callback: the supervisor logs, counts and restarts the hub, whose
-                # new connection has every watch read its record again. A reconnection all
-                # the same: messages go unseen meanwhile, so a new epoch too.
-                self._client.epoch += 1
-                raise
-            except Exception as exc:  # never raise: the watches rely on the hub
-                self._client.epoch += 1  # the server may have restarted and lost writes
-                self._client.unavailable(exc, _NO_KEY)  # logs once per distinct problem
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, backoff[1])
-            finally:
-                self._confirmed = set()
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+        await reconnect_forever(
+            self._connect,
+            backoff=Backoff(*self._client.WATCH_BACKOFF),
+            failed=self._failed,
+            wanted=self._until_watched,
+            opening=self._opening,
+            closed=self._closed,
+            fatal=(WatchCallbackFailed,),
+        )
+
+    async def _until_watched(self) -> None:
+        while not self._mailboxes:  # nobody watches: no connection either
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _failed(self, exc: Exception) -> None:
+        self._client.epoch += 1  # the server may have restarted and lost writes
+        self._client.unavailable(exc, _NO_KEY)  # logs once per distinct problem
+
+    def _opening(self) -> None:
+        self._pubsub = self._client.redis.pubsub()
+        self.connections += 1
+
+    async def _connect(self) -> None:
+        assert self._pubsub is not None
+        try:
+            await self._serve(self._pubsub)
+        except WatchCallbackFailed:
+            # A bug in a callback: the supervisor logs, counts and restarts the hub, whose
+            # new connection has every watch read its record again. A reconnection all the
+            # same: messages go unseen meanwhile, so a new epoch too.
+            self._client.epoch += 1
+            raise
+
+    async def _closed(self) -> None:
+        self._confirmed = set()
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
     async def _serve(self, pubsub: PubSub) -> None:
         """One connection's life: until it fails, the Sentinels switch master (then the

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from sidecar.backends.kit.backoff import Backoff, reconnect_forever
 from sidecar.logs import log
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.client import PubSub
     from redis.asyncio.sentinel import Sentinel
 
 logger = logging.getLogger("sidecar.redis")
@@ -46,24 +47,31 @@ async def _follow_sentinel(
     request_timeout: float,
     backoff: tuple[float, float],
 ) -> None:
-    delay = backoff[0]
-    while True:
-        pubsub = sentinel.pubsub()
-        try:
-            await asyncio.wait_for(pubsub.subscribe(SWITCH_MASTER), request_timeout)
-            delay = backoff[0]
-            while True:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if message is None or message.get("type") != "message":
-                    continue
-                # "<master name> <old ip> <old port> <new ip> <new port>"
-                name, *_rest = str(message["data"]).split()
-                if name == master_name:
-                    await on_switch(str(message["data"]))
-        except Exception as exc:  # keep following; requests still rediscover on errors
-            log(logger, "debug", "sentinel subscription lost", error=str(exc))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, backoff[1])
-        finally:
+    waits = Backoff(*backoff)
+    pubsubs: list[PubSub] = []  # the one being served
+
+    def opening() -> None:
+        pubsubs.append(sentinel.pubsub())
+
+    async def subscribed() -> None:
+        pubsub = pubsubs[-1]
+        await asyncio.wait_for(pubsub.subscribe(SWITCH_MASTER), request_timeout)
+        waits.succeeded()
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is None or message.get("type") != "message":
+                continue
+            # "<master name> <old ip> <old port> <new ip> <new port>"
+            name, *_rest = str(message["data"]).split()
+            if name == master_name:
+                await on_switch(str(message["data"]))
+
+    def lost(exc: Exception) -> None:  # keep following; requests still rediscover on errors
+        log(logger, "debug", "sentinel subscription lost", error=str(exc))
+
+    async def closed() -> None:
+        while pubsubs:
             with contextlib.suppress(Exception):
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+                await asyncio.shield(pubsubs.pop().aclose())  # type: ignore[no-untyped-call]
+
+    await reconnect_forever(subscribed, backoff=waits, failed=lost, opening=opening, closed=closed)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreError
+from sidecar.backends.kit.backoff import Backoff
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.redis.client import RedisStoreClient, ms
 from sidecar.backends.redis.hub import Follower
@@ -298,14 +298,12 @@ class RedisLease:
         each failure is logged once by the client and bumps its epoch). Read with the other
         watches' reads (`WatchReads`: a sidecar's every watch reads at its first subscription,
         10,000 at once for 10,000 leases); ``sent`` is called when a request is sent."""
-        low, high = self.client.WATCH_BACKOFF
-        delay = low
+        backoff = Backoff(*self.client.WATCH_BACKOFF)
         while True:
             try:
                 return await self.client.watch_reads.read(self.lease, sent)
             except (StoreError, TimeoutError):
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, high)
+                await asyncio.sleep(backoff.failed())
 
     async def close(self) -> None:
         """Nothing to do: its watches end when their consumers cancel them, and the client
