@@ -17,7 +17,6 @@ each change (every beat is one), like Kubernetes' candidates Lease.
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -33,6 +32,8 @@ from sidecar.backends.etcd.records import (
     range_end,
     range_op,
 )
+from sidecar.backends.kit import candidate_json
+from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.versions import new_version
 from sidecar.logs import log
 
@@ -49,22 +50,7 @@ GC_EVERY = 60.0  # monotonic seconds between two garbage collections of one regi
 def decode(kv: KeyValue, prefix: bytes) -> Candidate:
     """The candidate a key holds, checked (`sidecar.backends.records`): a value that is not
     ours, or one under another identity's key, is left out by the reader (and left alone)."""
-    try:
-        raw: Any = json.loads(kv.value)
-    except (ValueError, RecursionError):
-        raw = None
-    if not isinstance(raw, dict):
-        return records.unreadable_candidate(kv.key, kv.value, "not a JSON object")
-    candidate = records.candidate(
-        identity=raw.get("identity"),
-        version=raw.get("version"),
-        revision=raw.get("revision", ""),
-        priority=raw.get("priority", 0),
-        leaving=raw.get("leaving", False),
-        started_at=raw.get("started_at"),
-        beat_at=raw.get("beat_at"),
-        app=raw.get("app", ""),
-    )
+    candidate = candidate_json.decode(kv.key, kv.value)
     if candidate.unreadable is None and kv.key != prefix + candidate.identity.encode():
         problem = f"identity {candidate.identity!r} written under another identity's key"
         return records.unreadable_candidate(kv.key, candidate.version, problem)
@@ -85,18 +71,7 @@ class EtcdCandidates:
 
     async def beat(self, candidate: Candidate, duration: float) -> None:
         wall = self.client.clock.wall()
-        value = encode(
-            {
-                "identity": candidate.identity,
-                "version": candidate.version or new_version(),
-                "revision": candidate.revision,
-                "priority": candidate.priority,
-                "leaving": candidate.leaving,
-                "app": candidate.app,
-                "started_at": _iso(candidate.started_at),
-                "beat_at": wall.isoformat(),
-            }
-        )
+        value = encode(candidate_object(candidate, candidate.version or new_version(), wall))
         put = {"key": b64(self._key(candidate.identity)), "value": b64(value)}
         await self.client.call("beat", "/v3/kv/put", put)
         now = self.client.clock.now()
@@ -147,7 +122,3 @@ class EtcdCandidates:
                     log(logger, "info", "removed a stale candidate", identity=candidate.identity)
         except StoreError:
             return
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()

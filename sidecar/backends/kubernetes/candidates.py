@@ -23,7 +23,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
-import json
 import random
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -31,6 +30,8 @@ from typing import Any
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate
+from sidecar.backends.kit import candidate_json
+from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.kubernetes.client import MERGE_PATCH, CallError, KubeApi, lease_path
 from sidecar.backends.kubernetes.reflector import CLIENT_GO, Listed, Pacing, Reflector
@@ -52,41 +53,13 @@ def annotation_key(identity: str) -> str:
 
 
 def encode(candidate: Candidate, version: str, beat_at: datetime) -> str:
-    started = candidate.started_at.isoformat() if candidate.started_at else None
-    return json.dumps(
-        {
-            "identity": candidate.identity,
-            "version": version,
-            "revision": candidate.revision,
-            "priority": candidate.priority,
-            "leaving": candidate.leaving,
-            "app": candidate.app,
-            "started_at": started,
-            "beat": beat_at.isoformat(),
-        },
-        separators=(",", ":"),
-    )
+    return candidate_json.encode(candidate_object(candidate, version, beat_at, beat_field="beat"))
 
 
 def decode(key: str, value: object) -> Candidate:
     """The candidate in the annotation ``key``, checked (`sidecar.backends.records`): one
     that is not ours (hand-edited, or under another identity's key) is left out."""
-    try:
-        raw: Any = json.loads(value) if isinstance(value, str) else None
-    except (ValueError, RecursionError):
-        raw = None
-    if not isinstance(raw, dict):
-        return records.unreadable_candidate(key, value, "not a JSON object")
-    candidate = records.candidate(
-        identity=raw.get("identity"),
-        version=raw.get("version"),
-        revision=raw.get("revision", ""),
-        priority=raw.get("priority", 0),
-        leaving=raw.get("leaving", False),
-        started_at=raw.get("started_at"),
-        beat_at=raw.get("beat"),
-        app=raw.get("app", ""),
-    )
+    candidate = candidate_json.decode(key, value, beat_field="beat")
     if candidate.unreadable is None and annotation_key(candidate.identity) != key:
         problem = f"identity {candidate.identity!r} written under another identity's key"
         return records.unreadable_candidate(key, candidate.version, problem)

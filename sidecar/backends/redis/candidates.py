@@ -13,13 +13,12 @@ that follows the group need not read it again before it hands a lease over."""
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends import records
 from sidecar.backends.base import Candidate
+from sidecar.backends.kit import candidate_json
+from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.redis.client import ms
 from sidecar.backends.redis.scripts import candidates_channel, candidates_key
@@ -54,19 +53,11 @@ class RedisCandidates:
     async def _beat(self, candidate: Candidate, duration: float, *, listing: bool) -> Any:
         wall = self.client.clock.wall()
         now_ms = ms(wall.timestamp())
-        value = json.dumps(
-            {
-                "version": candidate.version or new_version(),
-                "revision": candidate.revision,
-                "priority": candidate.priority,
-                "leaving": candidate.leaving,
-                "app": candidate.app,
-                "started_at": _iso(candidate.started_at),
-                "beat_at": wall.isoformat(),
-                "gc_at_ms": now_ms + ms(max(self.GC_MIN, self.GC_LEASES * duration)),
-            },
-            separators=(",", ":"),
+        fields = candidate_object(
+            candidate, candidate.version or new_version(), wall, with_identity=False
         )
+        fields["gc_at_ms"] = now_ms + ms(max(self.GC_MIN, self.GC_LEASES * duration))
+        value = candidate_json.encode(fields)
 
         script = self.client.beat_and_list_script if listing else self.client.beat_script
 
@@ -112,24 +103,4 @@ class RedisCandidates:
 
 
 def _candidate(identity: str, value: str) -> Candidate:
-    try:
-        data: Any = json.loads(value)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        problem = f"not a JSON object ({records.shown(value)})"
-        return records.unreadable_candidate(identity, value, problem)
-    return records.candidate(
-        identity=identity,
-        version=data.get("version"),
-        revision=data.get("revision", ""),
-        priority=data.get("priority", 0),
-        leaving=data.get("leaving", False),
-        started_at=data.get("started_at"),
-        beat_at=data.get("beat_at"),
-        app=data.get("app", ""),
-    )
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    return candidate_json.decode(identity, value, identity=identity, show_value=True)
