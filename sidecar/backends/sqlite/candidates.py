@@ -20,7 +20,7 @@ from sidecar.backends.sqlite.schema import (
 )
 
 if TYPE_CHECKING:
-    from sidecar.backends.sqlite.client import SQLiteStoreClient
+    from sidecar.backends.sqlite.database import SQLiteDatabase
 
 # Records not beaten for this many leases are deleted by the next beat in their group. Wall
 # clock, so only garbage collection: a reader judges liveness from versions (rule 2).
@@ -33,7 +33,7 @@ def _stamp(moment: datetime) -> str:
 
 
 class SQLiteCandidates:
-    def __init__(self, client: SQLiteStoreClient, group: str) -> None:
+    def __init__(self, client: SQLiteDatabase, group: str) -> None:
         self.client = client
         self.group = group
 

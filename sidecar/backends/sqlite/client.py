@@ -1,16 +1,15 @@
-"""`SQLiteStoreClient`: one connection, one thread and one change poller for every lease and
-candidate group a sidecar keeps in one SQLite file."""
+"""`SQLiteStoreClient`: every lease and candidate group a sidecar keeps in one SQLite file, on
+the one connection, thread and change poller of a `database.SQLiteDatabase`."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 
 from sidecar.backends.base import NotOwned, Renewal, RenewalOutcome, lost_grant
 from sidecar.backends.sqlite.candidates import SQLiteCandidates
-from sidecar.backends.sqlite.connection import Connection
+from sidecar.backends.sqlite.database import SQLiteDatabase
 from sidecar.backends.sqlite.lease import SQLiteLease
 from sidecar.backends.sqlite.schema import (
     READ_MANY,
@@ -19,39 +18,12 @@ from sidecar.backends.sqlite.schema import (
     lease_record,
     transaction,
 )
-from sidecar.backends.sqlite.watch import WatchHub
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.supervisor import Supervisor
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:  # not Linux; only earlier versions of the sidecar read it
-        return "unknown"
-
-
-class SQLiteStoreClient:
-    def __init__(
-        self,
-        path: str,
-        *,
-        busy_timeout: float = 2.0,
-        clock: Clock = SYSTEM_CLOCK,
-        watch_interval: float = 0.05,
-        supervisor: Supervisor | None = None,
-        read_only: bool = False,
-    ) -> None:
-        self.path = path
-        self.busy_timeout = busy_timeout
-        self.clock = clock
-        self.boot_id = _boot_id()
-        self.connection = Connection(path, busy_timeout, clock, read_only=read_only)
-        self.hub = WatchHub(self.connection, watch_interval, supervisor or Supervisor())
-
-    @property
-    def description(self) -> str:
-        return f"sqlite:///{self.path}"
+class SQLiteStoreClient(SQLiteDatabase):
+    """The `StoreClient` of one SQLite file: its leases and candidate groups, and their
+    renewals in one transaction."""
 
     def lease(self, name: str) -> SQLiteLease:
         return SQLiteLease(self, name)
@@ -94,10 +66,6 @@ class SQLiteStoreClient:
             return outcomes
 
         return await self.connection.run(renew, writes=True, urgent=True)
-
-    async def close(self) -> None:
-        await self.hub.close()
-        await self.connection.close()
 
 
 class SQLiteLeaseStore(SQLiteLease):

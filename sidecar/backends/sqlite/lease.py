@@ -23,14 +23,14 @@ from sidecar.backends.sqlite.schema import (
 )
 
 if TYPE_CHECKING:
-    from sidecar.backends.sqlite.client import SQLiteStoreClient
+    from sidecar.backends.sqlite.database import SQLiteDatabase
 
 
 class SQLiteLease:
     """The lease ``name``; cheap to make. Every statement goes through the client's one
     connection, and every watch through its one poller."""
 
-    def __init__(self, client: SQLiteStoreClient, name: str) -> None:
+    def __init__(self, client: SQLiteDatabase, name: str) -> None:
         self.client = client
         self.name = name
         self._watches: set[Subscription] | None = None  # made at the first watch (~0.2 KB)
