@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.backends.base import StoreUnavailable
-from sidecar.backends.postgresql.client import SchemaMissing
+from sidecar.backends.postgresql.connection import SchemaMissing
 from tests.contract.test_contract import LEASE, take, watching
 from tests.postgresql.conftest import ClientFactory, Database
 from tests.postgresql.servers import PostgresServer, make_directory

@@ -38,8 +38,8 @@ from sidecar.backends.postgresql.target import PostgresTarget, parse_target
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
-    from sidecar.backends.postgresql.client import PostgresStoreClient
-    from sidecar.backends.postgresql.lease import PostgresLease, PostgresLeaseStore
+    from sidecar.backends.postgresql.client import PostgresLeaseStore, PostgresStoreClient
+    from sidecar.backends.postgresql.lease import PostgresLease
     from sidecar.supervisor import Supervisor
 
 # Imported when first used, not with the package: the driver (asyncpg) is an optional extra,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "PostgresStoreClient": "sidecar.backends.postgresql.client",
     "PostgresLease": "sidecar.backends.postgresql.lease",
-    "PostgresLeaseStore": "sidecar.backends.postgresql.lease",
+    "PostgresLeaseStore": "sidecar.backends.postgresql.client",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -81,7 +81,7 @@ def open_postgresql_client(
 
 def open_postgresql_store(config: StoreConfig) -> PostgresLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
-    from sidecar.backends.postgresql.lease import PostgresLeaseStore
+    from sidecar.backends.postgresql.client import PostgresLeaseStore
 
     return PostgresLeaseStore(
         parse_target(config.store),

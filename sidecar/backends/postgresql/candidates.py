@@ -16,7 +16,7 @@ from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
 
 if TYPE_CHECKING:
-    from sidecar.backends.postgresql.client import PostgresStoreClient
+    from sidecar.backends.postgresql.connection import PostgresConnection
 
 # Records not beaten for this many leases (at least GC_MIN seconds) are deleted by the next
 # beat in their group. Wall clock, so only garbage collection: readers judge liveness from
@@ -26,7 +26,7 @@ GC_MIN = 60.0
 
 
 class PostgresCandidates:
-    def __init__(self, client: PostgresStoreClient, group: str) -> None:
+    def __init__(self, client: PostgresConnection, group: str) -> None:
         self.client = client
         self.group = group
         self._following = 0  # `changes` running

@@ -76,14 +76,14 @@ def sql_script(grant: Sequence[str], fence_roles: Sequence[str]) -> str:
 async def apply(url: str, grant: Sequence[str], fence_roles: Sequence[str]) -> list[str]:
     """Create the schema on ``url`` and grant; returns what was done, one line each."""
     from sidecar.backends.postgresql import schema
-    from sidecar.backends.postgresql.client import (
-        PostgresStoreClient,
+    from sidecar.backends.postgresql.connection import (
+        PostgresConnection,
         create_schema,
         ensure_schema,
     )
     from sidecar.backends.postgresql.target import parse_target
 
-    client = PostgresStoreClient(parse_target(url), request_timeout=30.0)
+    client = PostgresConnection(parse_target(url), request_timeout=30.0)
     done = []
     connection = await client.connect()
     try:

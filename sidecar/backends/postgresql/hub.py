@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import asyncpg
 
@@ -26,7 +26,21 @@ from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.postgresql import schema
 
 if TYPE_CHECKING:
-    from sidecar.backends.postgresql.client import PostgresStoreClient
+    from sidecar.backends.base import StoreUnavailable
+    from sidecar.supervisor import Supervisor
+
+
+class ListenSource(Protocol):
+    """What the hub needs of its client's connection (`connection.PostgresConnection`)."""
+
+    WATCH_BACKOFF: tuple[float, float]
+    supervisor: Supervisor
+
+    async def connect(self) -> asyncpg.Connection: ...
+    async def ensure_schema(self) -> None: ...
+    def tag(self) -> str: ...
+    def new_epoch(self) -> None: ...
+    def unavailable(self, exc: BaseException) -> StoreUnavailable: ...
 
 
 class GroupFollower:
@@ -43,7 +57,7 @@ class ListenHub:
     PING = 2.0
     PING_TIMEOUT = 5.0
 
-    def __init__(self, client: PostgresStoreClient) -> None:
+    def __init__(self, client: ListenSource) -> None:
         self._client = client
         self._watches: dict[str, set[Subscription]] = {}
         self._followers: dict[str, set[GroupFollower]] = {}

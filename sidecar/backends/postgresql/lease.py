@@ -1,6 +1,6 @@
 """One lease in PostgreSQL: the contract's requests, one conditional statement each (rule 1),
 and its watch. Everything it talks through — the pool, the LISTEN hub, the epoch — belongs to
-its `PostgresStoreClient`, shared by every lease."""
+its `PostgresConnection`, shared by every lease."""
 
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
-from sidecar.backends.postgresql.client import PostgresStoreClient
-from sidecar.backends.postgresql.target import PostgresTarget
+from sidecar.backends.postgresql.connection import PostgresConnection
 from sidecar.backends.records import check_term
-from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
 class PostgresLease:
     """The lease ``name`` on ``client``; cheap to make, no I/O until used."""
 
-    def __init__(self, client: PostgresStoreClient, name: str) -> None:
+    def __init__(self, client: PostgresConnection, name: str) -> None:
         self.client = client
         self.name = name
         self._watches: set[Subscription] = set()
@@ -157,27 +155,3 @@ class PostgresLease:
             await connection.execute(schema.DELETE, self.name)
 
         await self.client.run(work)
-
-
-class PostgresLeaseStore(PostgresLease):
-    """One lease with a client of its own (tests, the chaos suite, one sidecar per lease).
-    Closing it closes its client."""
-
-    def __init__(
-        self,
-        target: PostgresTarget,
-        name: str,
-        *,
-        request_timeout: float = 2.0,
-        application_name: str = "leader-sidecar",
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        client = PostgresStoreClient(
-            target, request_timeout=request_timeout, application_name=application_name,
-            clock=clock,
-        )  # fmt: skip
-        super().__init__(client, name)
-
-    async def close(self) -> None:
-        await super().close()
-        await self.client.close()
