@@ -23,14 +23,14 @@ from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
-    from sidecar.backends.etcd.client import EtcdStoreClient
-    from sidecar.backends.etcd.store import EtcdLease, EtcdLeaseStore
+    from sidecar.backends.etcd.client import EtcdLeaseStore, EtcdStoreClient
+    from sidecar.backends.etcd.store import EtcdLease
     from sidecar.supervisor import Supervisor
 
 _LAZY = {
     "EtcdStoreClient": "sidecar.backends.etcd.client",
     "EtcdLease": "sidecar.backends.etcd.store",
-    "EtcdLeaseStore": "sidecar.backends.etcd.store",
+    "EtcdLeaseStore": "sidecar.backends.etcd.client",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -82,7 +82,7 @@ def open_etcd_client(config: StoreConfig, supervisor: Supervisor | None = None) 
 
 def open_etcd_store(config: StoreConfig) -> EtcdLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
-    from sidecar.backends.etcd.store import EtcdLeaseStore
+    from sidecar.backends.etcd.client import EtcdLeaseStore
 
     return EtcdLeaseStore(
         target_of(config), config.lease, request_timeout=config.timing.request_timeout

@@ -38,7 +38,7 @@ from sidecar.backends.kit.versions import new_version
 from sidecar.logs import log
 
 if TYPE_CHECKING:
-    from sidecar.backends.etcd.client import EtcdStoreClient
+    from sidecar.backends.etcd.connection import EtcdConnection
 
 logger = logging.getLogger("sidecar.etcd")
 
@@ -58,7 +58,7 @@ def decode(kv: KeyValue, prefix: bytes) -> Candidate:
 
 
 class EtcdCandidates:
-    def __init__(self, client: EtcdStoreClient, group: str) -> None:
+    def __init__(self, client: EtcdConnection, group: str) -> None:
         self.client = client
         self.group = group
         self.prefix = candidates_prefix(client.target.prefix, group)

@@ -1,247 +1,39 @@
-"""One etcd client for every lease of a sidecar: the gateway, the watch streams, the epoch, what
-was last seen of each key, and how failures are reported. `EtcdLease` objects (from `lease`)
-and `EtcdCandidates` (from `candidates`) hold only their keys and borrow all of this."""
+"""`EtcdStoreClient`: the leases and candidate groups of one etcd cluster, and their renewals
+in nested ``Txn``s, on the gateway, watch streams and epoch of a `connection.EtcdConnection`."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
 
-from sidecar.backends.base import (
-    Conflict,
-    LeaseRecord,
-    NotOwned,
-    Renewal,
-    RenewalOutcome,
-    StoreError,
-    StoreUnavailable,
-)
-from sidecar.backends.etcd.api import EtcdApi, EtcdError, unavailable
+from sidecar.backends.base import Conflict, NotOwned, Renewal, RenewalOutcome, StoreError
+from sidecar.backends.etcd.candidates import EtcdCandidates
+from sidecar.backends.etcd.connection import EtcdConnection, revision_of
 from sidecar.backends.etcd.records import (
+    MAX_TXN_OPS,
     KeyValue,
-    decode_record,
+    chunks,
     lease_key,
     put_op,
-    range_end,
     range_op,
     renewal_value,
     same_as,
 )
+from sidecar.backends.etcd.store import EtcdLease
 from sidecar.backends.etcd.target import EtcdTarget
-from sidecar.backends.etcd.watch import WatchHub
-from sidecar.backends.kit import versions
-from sidecar.backends.kit.guard import Guard
-from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.logs import log
-from sidecar.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from sidecar.backends.etcd.candidates import EtcdCandidates
-    from sidecar.backends.etcd.store import EtcdLease
-
-T = TypeVar("T")
-C = TypeVar("C")
-logger = logging.getLogger("sidecar.etcd")
 
 RENEW_ROUNDS = 3
-MAX_TXN_OPS = 64
-"""Operations per ``Txn`` the client sends at most (etcd refuses more than ``--max-txn-ops``,
-128 by default)."""
 
 
-class EtcdStoreClient:
-    """Every lease and candidate group of one sidecar in one etcd cluster: one HTTP session to
-    the current endpoint, at most `MAX_IN_FLIGHT` requests at a time, the watch streams of
-    every lease (`WatchHub`), one epoch."""
+class EtcdStoreClient(EtcdConnection):
+    """The `StoreClient` of one etcd cluster."""
 
-    MAX_IN_FLIGHT = 16
+    def lease(self, name: str) -> EtcdLease:
+        return EtcdLease(self, name)
 
-    def __init__(
-        self,
-        target: EtcdTarget,
-        *,
-        request_timeout: float = 2.0,
-        clock: Clock = SYSTEM_CLOCK,
-        silence: float = 30.0,
-        probe_every: float = 5.0,
-        supervisor: Supervisor | None = None,
-    ) -> None:
-        self.target = target
-        # Restarts a watch stream's task if it fails (a bug: the loop itself never raises).
-        self.supervisor = supervisor or Supervisor()
-        self.request_timeout = request_timeout
-        self.clock = clock
-        self.api = EtcdApi(target, request_timeout=request_timeout, on_restore=self.restored)
-        self._slots = asyncio.Semaphore(self.MAX_IN_FLIGHT)
-        # Bumped whenever this client may have missed a write, or the cluster went back in
-        # time: a watch stream broke (etcd may have been restored meanwhile, behind it), or an
-        # answer showed a revision below one seen before (a restore from an older snapshot).
-        # It is part of every version reported, for every lease, so an observer restarts its
-        # count from what etcd shows *now*: after a restore, an older value can come back
-        # byte for byte, under the revision it had, without the renewals that followed it
-        # (rule 2). One cluster, one epoch.
-        self.epoch = 0
-        # The revision etcd answered at when this client saw it go back (0: never): every
-        # key last written at or before it is shown as a loss (see `record`).
-        self.restored_revision = 0
-        # What was last seen of each key (None: absent): a write is conditional on exactly it.
-        self.seen: dict[bytes, KeyValue | None] = {}
-        self.guard = Guard("etcd", logger, lambda: self.description)
-        self.writes = 0  # Txns that write, sent (tests count requests, as client-go's do)
-        self.hub = WatchHub(self, silence=silence, probe_every=probe_every)
-        # Every lease's key is under this range: the leases share one watch stream of it.
-        leases = lease_key(target.prefix, "")
-        self.leases_range = (leases, range_end(leases))
-
-    @property
-    def description(self) -> str:
-        return self.target.describe()
-
-    # -- versions ---------------------------------------------------------------------------
-
-    def record(self, kv: KeyValue) -> LeaseRecord:
-        """The record ``kv`` holds (checked: one that is not ours is unreadable), with this
-        client's epoch in its version."""
-        record = decode_record(kv.value)
-        version = f"{record.version}{versions.epoch_tag(self.epoch)}"
-        if kv.mod_revision <= self.restored_revision and record.unreadable is None:
-            # Written before etcd went back in time (a restore from an older snapshot): what
-            # it shows is what the store remembered, not what it last granted. Shown as the
-            # store's loss, at the term it holds (a loss marker: no holder, not released), so
-            # every replica that saw etcd go back waits a lease and jumps its next grant above
-            # every term seen (rules 5, 8), also one that never saw a grant the restore
-            # forgot; the holder puts its grant back over it. Writes still compare the real
-            # value. The next write of the key ends it. (One that cannot be read is a loss
-            # already.)
-            return LeaseRecord(
-                holder=None, term=record.term, duration=record.duration, version=version
-            )
-        return dataclasses.replace(record, version=version)
-
-    def untagged(self, version: str) -> str | None:
-        """The stored version a reported one names, or None if it was reported in an earlier
-        epoch (seen before etcd may have gone back: no basis for a grant)."""
-        return versions.untagged(version, self.epoch)
-
-    def note(self, key: bytes, kv: KeyValue | None, as_of: int) -> None:
-        """Remember what ``key`` holds as of revision ``as_of``, unless something later is
-        remembered already (answers to requests in flight together, and watch lists, can
-        come in after a newer answer)."""
-        known = self.seen.get(key)
-        if known is None or as_of >= known.mod_revision:
-            self.seen[key] = kv
-
-    def newest(self, key: bytes, kv: KeyValue | None, as_of: int) -> KeyValue | None:
-        """What ``key`` holds: ``kv``, as a watch shows it current at revision ``as_of``, or
-        what this client saw later (its own write, a read), whichever is newer. A watch lists
-        again while this client writes: its list can come in after a grant the client made
-        and saw, and must not show that grant undone (a loss to the elector)."""
-        known = self.seen.get(key)
-        if known is not None and known.mod_revision > as_of:
-            return known
-        self.note(key, kv, as_of)
-        return kv
-
-    def lost_sight(self, why: str) -> None:
-        """A new epoch: writes this client saw may be gone (see ``epoch``)."""
-        self.epoch += 1
-        log(logger, "info", "etcd: every lease is timed anew", why=why, epoch=self.epoch)
-
-    def restored(self, why: str) -> None:
-        log(logger, "warning", "etcd went back in time", why=why)
-        self.restored_revision = self.api.revision
-        self.seen.clear()
-        self.lost_sight(why)
-
-    # -- requests ---------------------------------------------------------------------------
-
-    async def call(self, op: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One request, after one of the client's request slots. Raises `StoreUnavailable`
-        with the cause (logged once per distinct problem)."""
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise self.fail(
-                "warning", f"every request slot stayed busy for {self.request_timeout:g}s"
-            ) from None
-        try:
-            answer = await self.api.call(op, path, body)
-        except EtcdError as error:
-            failure = unavailable(error, self.target)
-            self.guard.report("warning", str(failure), str(failure))
-            raise failure from None
-        finally:
-            self._slots.release()
-        self.guard.answered()
-        return answer
-
-    async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run one store operation; anything that is not an answer about the lease becomes
-        `StoreUnavailable`."""
-        # A malformed answer: the contract allows only StoreErrors.
-        return await self.guard.run(
-            work, lambda exc: self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}")
-        )
-
-    def fail(self, level: str, cause: str) -> StoreUnavailable:
-        message = f"etcd {self.description}: {cause}"
-        self.guard.report(level, message, message)
-        return StoreUnavailable(message)
-
-    async def read(self, key: bytes) -> KeyValue | None:
-        """The key, linearizably. Raises `StoreUnavailable`."""
-        answer = await self.call("range", "/v3/kv/range", range_op(key))
-        kvs = answer.get("kvs") or []
-        kv = KeyValue.decode(kvs[0]) if kvs else None
-        self.note(key, kv, _revision(answer))
-        return kv
-
-    async def read_ranges(
-        self, ranges: list[tuple[bytes, bytes | None]]
-    ) -> tuple[list[list[KeyValue]], int]:
-        """Several keys or prefixes in one linearizable read-only ``Txn`` (at most
-        `MAX_TXN_OPS`): what each holds and the revision they were read at."""
-        body = {"success": [{"request_range": range_op(key, end)} for key, end in ranges]}
-        answer = await self.call("read", "/v3/kv/txn", body)
-        found: list[list[KeyValue]] = []
-        for response in answer.get("responses") or []:
-            kvs = (response.get("response_range") or {}).get("kvs") or []
-            found.append([KeyValue.decode(kv) for kv in kvs])
-        if len(found) != len(ranges):
-            raise self.fail("error", f"a read of {len(ranges)} ranges answered {len(found)}")
-        revision = _revision(answer)
-        return found, revision
-
-    async def swap(
-        self, op: str, key: bytes, seen: KeyValue | None, value: bytes | None
-    ) -> tuple[bool, KeyValue | None]:
-        """Write ``value`` (None: delete the key) if ``key`` still holds exactly ``seen``
-        (None: nothing), in one ``Txn`` (rule 1). Returns (written, what the key holds now):
-        the write, or what the ``Txn`` read instead of writing."""
-        then = [
-            put_op(key, value) if value is not None else {"request_delete_range": range_op(key)}
-        ]
-        body = {
-            "compare": same_as(key, seen),
-            "success": then,
-            "failure": [{"request_range": range_op(key)}],
-        }
-        self.writes += 1
-        answer = await self.call(op, "/v3/kv/txn", body)
-        if answer.get("succeeded"):
-            revision = _revision(answer)
-            now = None if value is None else KeyValue(key, value, revision)
-            self.seen[key] = now
-            return True, now
-        responses = answer.get("responses") or [{}]
-        kvs = (responses[0].get("response_range") or {}).get("kvs") or []
-        kv = KeyValue.decode(kvs[0]) if kvs else None
-        self.note(key, kv, _revision(answer))
-        return False, kv
+    def candidates(self, group: str) -> EtcdCandidates:
+        return EtcdCandidates(self, group)
 
     # -- many renewals in one round trip (`RenewsMany`) ----------------------------------------
 
@@ -255,7 +47,7 @@ class EtcdStoreClient:
             return []
         keys = [lease_key(self.target.prefix, r.name) for r in renewals]
         unseen = [key for key in keys if key not in self.seen]
-        for chunk in _chunks(unseen, MAX_TXN_OPS):
+        for chunk in chunks(unseen, MAX_TXN_OPS):
             found, revision = await self.read_ranges([(key, None) for key in chunk])
             for key, kvs in zip(chunk, found, strict=True):
                 self.note(key, kvs[0] if kvs else None, revision)
@@ -306,15 +98,15 @@ class EtcdStoreClient:
         """The planned renewals, `MAX_TXN_OPS` per ``Txn``, the ``Txn``s at once. Fills in
         ``outcomes``; returns the leases to try again. Raises `StoreUnavailable` when no
         ``Txn`` answered (nothing is known about any lease)."""
-        chunks = list(_chunks(planned, MAX_TXN_OPS))
+        batches = list(chunks(planned, MAX_TXN_OPS))
         answers = await asyncio.gather(
-            *(self._renew_chunk(chunk) for chunk in chunks), return_exceptions=True
+            *(self._renew_chunk(chunk) for chunk in batches), return_exceptions=True
         )
         failures = [a for a in answers if isinstance(a, BaseException)]
         if len(failures) == len(answers):
             raise failures[0]
         again: list[int] = []
-        for chunk, answer in zip(chunks, answers, strict=True):
+        for chunk, answer in zip(batches, answers, strict=True):
             if isinstance(answer, StoreError):
                 for entry in chunk:
                     outcomes[entry.index] = answer
@@ -344,7 +136,7 @@ class EtcdStoreClient:
         ]
         self.writes += 1
         answer = await self.call("renew many", "/v3/kv/txn", {"success": nested})
-        revision = _revision(answer)
+        revision = revision_of(answer)
         responses = answer.get("responses") or []
         if len(responses) != len(chunk):
             raise self.fail("error", f"a batch of {len(chunk)} answered {len(responses)}")
@@ -364,27 +156,6 @@ class EtcdStoreClient:
             results.append((False, now))
         return results
 
-    # -- the StoreClient contract -----------------------------------------------------------
-
-    def lease(self, name: str) -> EtcdLease:
-        from sidecar.backends.etcd.store import EtcdLease
-
-        return EtcdLease(self, name)
-
-    def candidates(self, group: str) -> EtcdCandidates:
-        from sidecar.backends.etcd.candidates import EtcdCandidates
-
-        return EtcdCandidates(self, group)
-
-    async def close(self) -> None:
-        await self.hub.close()
-        await self.api.close()
-
-
-def _chunks(items: list[C], size: int) -> Iterator[list[C]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Planned:
@@ -396,6 +167,11 @@ class _Planned:
     value: bytes
 
 
-def _revision(answer: dict[str, Any]) -> int:
-    """The revision an answer is current at (its header's)."""
-    return int((answer.get("header") or {}).get("revision") or 0)
+class EtcdLeaseStore(EtcdLease):
+    """One lease with a client of its own (``--store etcd://…`` with one ``--lease``)."""
+
+    def __init__(self, target: EtcdTarget, lease: str, *, request_timeout: float = 2.0) -> None:
+        super().__init__(EtcdStoreClient(target, request_timeout=request_timeout), lease)
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.backends import records
 from sidecar.backends.base import LeaseRecord, lost_grant
@@ -48,6 +49,19 @@ def range_end(prefix: bytes) -> bytes:
             end[i] += 1
             return bytes(end[: i + 1])
     return b"\0"
+
+
+MAX_TXN_OPS = 64
+"""Operations per ``Txn`` the client sends at most (etcd refuses more than ``--max-txn-ops``,
+128 by default)."""
+
+C = TypeVar("C")
+
+
+def chunks(items: list[C], size: int) -> Iterator[list[C]]:
+    """``items`` in lists of at most ``size``: the ``Txn``s of a larger request."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def ms(seconds: float) -> int:

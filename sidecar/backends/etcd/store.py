@@ -21,7 +21,7 @@ from sidecar.backends.base import (
     NotOwned,
     room_for_marker,
 )
-from sidecar.backends.etcd.client import EtcdStoreClient
+from sidecar.backends.etcd.connection import EtcdConnection
 from sidecar.backends.etcd.records import (
     KeyValue,
     grant_value,
@@ -31,7 +31,6 @@ from sidecar.backends.etcd.records import (
     released_value,
     renewal_value,
 )
-from sidecar.backends.etcd.target import EtcdTarget
 from sidecar.backends.records import MAX_TERM, check_term
 
 # A renewal or release that finds the lease changed under it, but still the caller's grant
@@ -42,7 +41,7 @@ _TRIES = 3
 class EtcdLease:
     """The store of lease ``name`` on ``client``. Cheap: it holds its key."""
 
-    def __init__(self, client: EtcdStoreClient, name: str) -> None:
+    def __init__(self, client: EtcdConnection, name: str) -> None:
         self.client = client
         self.lease = name
         self.key = lease_key(client.target.prefix, name)
@@ -213,13 +212,3 @@ class EtcdLease:
         """Delete the lease's key, term included (tests; an operator's ``etcdctl del``)."""
         await self.client.call("delete", "/v3/kv/deleterange", range_op(self.key))
         self.client.seen.pop(self.key, None)
-
-
-class EtcdLeaseStore(EtcdLease):
-    """One lease with a client of its own (``--store etcd://…`` with one ``--lease``)."""
-
-    def __init__(self, target: EtcdTarget, lease: str, *, request_timeout: float = 2.0) -> None:
-        super().__init__(EtcdStoreClient(target, request_timeout=request_timeout), lease)
-
-    async def close(self) -> None:
-        await self.client.close()

@@ -46,19 +46,36 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from sidecar.backends.base import StoreError
 from sidecar.backends.etcd.api import EtcdError, b64
-from sidecar.backends.etcd.records import KeyValue, range_op
+from sidecar.backends.etcd.records import MAX_TXN_OPS, KeyValue, chunks, range_op
 from sidecar.backends.kit.backoff import Backoff
 from sidecar.logs import log
 
 if TYPE_CHECKING:
-    from sidecar.backends.etcd.client import EtcdStoreClient
+    from sidecar.backends.etcd.api import EtcdApi
+    from sidecar.backends.etcd.target import EtcdTarget
+    from sidecar.supervisor import Supervisor
+
+
+class WatchSource(Protocol):
+    """What the watch streams need of their client's connection (`connection.EtcdConnection`)."""
+
+    api: EtcdApi
+    target: EtcdTarget
+    supervisor: Supervisor
+
+    def lost_sight(self, why: str) -> None: ...
+    async def call(self, op: str, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def read_ranges(
+        self, ranges: list[tuple[bytes, bytes | None]]
+    ) -> tuple[list[list[KeyValue]], int]: ...
+
 
 logger = logging.getLogger("sidecar.etcd")
 
@@ -130,7 +147,7 @@ class _Stream:
 class WatchHub:
     def __init__(
         self,
-        client: EtcdStoreClient,
+        client: WatchSource,
         *,
         silence: float,
         probe_every: float,
@@ -265,10 +282,8 @@ class WatchHub:
     async def _read(self, subscriptions: list[Subscription]) -> int:
         """Every subscription's keys, read linearizably and handed over; the lowest revision
         read (the watch starts after it)."""
-        from sidecar.backends.etcd.client import MAX_TXN_OPS
-
         lowest: int | None = None
-        for chunk in _chunks(subscriptions, MAX_TXN_OPS):
+        for chunk in chunks(subscriptions, MAX_TXN_OPS):
             found, revision = await self.client.read_ranges([(s.key, s.end) for s in chunk])
             for subscription, kvs in zip(chunk, found, strict=True):
                 subscription.snapshot(kvs, revision)
@@ -340,8 +355,3 @@ class WatchHub:
             await self.client.call("probe", "/v3/kv/range", probe)
         except StoreError as exc:
             raise Broken(f"the watch's member does not answer: {exc}") from exc
-
-
-def _chunks(items: list[Subscription], size: int) -> Iterator[list[Subscription]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
