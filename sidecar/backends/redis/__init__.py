@@ -44,15 +44,15 @@ from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_ta
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
-    from sidecar.backends.redis.client import RedisStoreClient
+    from sidecar.backends.redis.client import RedisLeaseStore, RedisStoreClient
     from sidecar.backends.redis.scripts import candidates_key, lease_keys
-    from sidecar.backends.redis.store import RedisLease, RedisLeaseStore
+    from sidecar.backends.redis.store import RedisLease
     from sidecar.supervisor import Supervisor
 
 _LAZY = {
     "RedisStoreClient": "sidecar.backends.redis.client",
     "RedisLease": "sidecar.backends.redis.store",
-    "RedisLeaseStore": "sidecar.backends.redis.store",
+    "RedisLeaseStore": "sidecar.backends.redis.client",
     "candidates_key": "sidecar.backends.redis.scripts",
     "lease_keys": "sidecar.backends.redis.scripts",
 }
@@ -87,7 +87,7 @@ def open_redis_client(
 
 def open_redis_store(config: StoreConfig) -> RedisLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
-    from sidecar.backends.redis.store import RedisLeaseStore
+    from sidecar.backends.redis.client import RedisLeaseStore
 
     return RedisLeaseStore(_target(config), config.lease, **_options(config))
 

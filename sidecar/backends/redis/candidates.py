@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar.backends.base import Candidate
 from sidecar.backends.kit import candidate_json
 from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.versions import new_version
-from sidecar.backends.redis.client import ms
+from sidecar.backends.redis.connection import RedisConnection, ms
 from sidecar.backends.redis.scripts import candidates_channel, candidates_key
-
-if TYPE_CHECKING:
-    from sidecar.backends.redis.client import RedisStoreClient
 
 
 class RedisCandidates:
@@ -32,7 +29,7 @@ class RedisCandidates:
     GC_LEASES = 20
     GC_MIN = 60.0
 
-    def __init__(self, client: RedisStoreClient, group: str) -> None:
+    def __init__(self, client: RedisConnection, group: str) -> None:
         self.client = client
         self.group = group
         self._key = candidates_key(group)

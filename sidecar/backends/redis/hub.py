@@ -20,9 +20,26 @@ from sidecar.backends.base import LeaseRecord
 from sidecar.backends.kit.backoff import Backoff, reconnect_forever
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
     from redis.asyncio.client import PubSub
 
-    from sidecar.backends.redis.client import RedisStoreClient
+    from sidecar.backends.base import StoreUnavailable
+    from sidecar.supervisor import Supervisor
+
+
+class HubSource(Protocol):
+    """What the hub needs of its client's connection (`connection.RedisConnection`)."""
+
+    WATCH_BACKOFF: tuple[float, float]
+    supervisor: Supervisor
+    redis: Redis
+    request_timeout: float
+    master_generation: int
+    epoch: int
+
+    def follow_sentinels(self) -> None: ...
+    def unavailable(self, exc: BaseException, key: str) -> StoreUnavailable: ...
+
 
 # A key a foreign value could be in, for the hub's error messages: it reads no key itself.
 _NO_KEY = "the leases' event channels"
@@ -198,7 +215,7 @@ class ChannelHub:
     # master switch: also the longest a new watch waits before it is subscribed.
     POLL = 0.05
 
-    def __init__(self, client: RedisStoreClient) -> None:
+    def __init__(self, client: HubSource) -> None:
         self._client = client
         # Per channel, its watches: nearly always one, so a list (64 bytes) and not a set
         # (216): a sidecar may watch 10,000 channels.

@@ -14,15 +14,30 @@ back-off (`RedisLease.read_until_it_answers`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sidecar.backends.base import LeaseRecord, StoreError
 from sidecar.backends.redis.scripts import lease_keys
 
 if TYPE_CHECKING:
-    from sidecar.backends.redis.client import RedisStoreClient
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
+
+T = TypeVar("T")
+
+
+class ReadSource(Protocol):
+    """What the reads need of their client's connection (`connection.RedisConnection`)."""
+
+    request_timeout: float
+    read_many_script: AsyncScript
+
+    def borrowed(self) -> AbstractAsyncContextManager[Redis]: ...
+    def record_in(self, lease: str, reply: list[Any]) -> LeaseRecord | StoreError | None: ...
+    async def guarded(self, work: Callable[[], Awaitable[T]], key: str) -> T: ...
 
 
 class _Read:
@@ -40,7 +55,7 @@ class WatchReads:
     # well under a millisecond.
     MOST = 256
 
-    def __init__(self, client: RedisStoreClient, slots: int) -> None:
+    def __init__(self, client: ReadSource, slots: int) -> None:
         self._client = client
         self._slots = asyncio.Semaphore(slots)
         self._queued: dict[str, list[_Read]] = {}  # lease → its callers, oldest lease first

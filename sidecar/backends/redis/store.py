@@ -1,6 +1,6 @@
 """One lease in Redis: the contract's requests (one script each, then ``WAIT`` with
 ``min_replicas``) and its watch. Everything it talks through — connections, the pub/sub hub,
-the epoch, the Sentinels — belongs to its `RedisStoreClient`, shared by every lease."""
+the epoch, the Sentinels — belongs to its `RedisConnection`, shared by every lease."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from redis.exceptions import RedisError
 from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreError
 from sidecar.backends.kit.backoff import Backoff
 from sidecar.backends.kit.versions import new_version
-from sidecar.backends.redis.client import RedisStoreClient, ms
+from sidecar.backends.redis.connection import RedisConnection, ms
 from sidecar.backends.redis.hub import Follower
 from sidecar.backends.redis.scripts import granted, lease_keys, reply_record, value_record
 from sidecar.backends.redis.target import RedisTarget
-from sidecar.clock import SYSTEM_CLOCK, Clock
 
 
 class RedisLease:
@@ -35,7 +34,7 @@ class RedisLease:
     # are made when used: a sidecar may hold 10,000 of these, and a batch makes its own.
     __slots__ = ("_channel", "client", "lease")
 
-    def __init__(self, client: RedisStoreClient, name: str) -> None:
+    def __init__(self, client: RedisConnection, name: str) -> None:
         self.client = client
         self.lease = name
         self._channel = lease_keys(name)[2]
@@ -319,33 +318,3 @@ class RedisLease:
                 await conn.delete(self._holder_key, self._term_key)
 
         await self.client.guarded(work, self._holder_key)
-
-
-class RedisLeaseStore(RedisLease):
-    """One lease on a client of its own, built from a target: the single-lease store that
-    `open_redis_store`, the tests, the chaos suite and the benchmarks construct. Closing it
-    closes that client."""
-
-    def __init__(
-        self,
-        target: RedisTarget,
-        lease: str,
-        *,
-        request_timeout: float = 2.0,
-        min_replicas: int = 0,
-        wait_timeout: float | None = None,
-        client_name: str | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        client = RedisStoreClient(
-            target,
-            request_timeout=request_timeout,
-            min_replicas=min_replicas,
-            wait_timeout=wait_timeout,
-            client_name=client_name,
-            clock=clock,
-        )
-        super().__init__(client, lease)
-
-    async def close(self) -> None:
-        await self.client.close()
