@@ -15,6 +15,17 @@ from sidecar.logs import log
 T = TypeVar("T")
 
 
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it, outermost first: what a failure report explains (the TLS or
+    DNS error under a client library's connection error)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
 class Guard:
     """The failure report of one store client. ``store`` names it in log lines ("redis"),
     ``where`` says which server it talks to now."""

@@ -6,13 +6,14 @@ import ssl
 
 import asyncpg
 
+from sidecar.backends.kit.guard import exception_chain
 from sidecar.backends.postgresql.schema import SCHEMA
 
 
 def explain(exc: BaseException, *, request_timeout: float, tls: bool) -> tuple[str, str]:
     """(log level, one-line cause) for an error from asyncpg, the socket or TLS."""
     text = str(exc) or type(exc).__name__
-    chain = _exception_chain(exc)
+    chain = exception_chain(exc)
     verify = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
     if verify is not None:
         return "error", (
@@ -75,12 +76,3 @@ def session_may_be_lost(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.PostgresError):
         return str(getattr(exc, "sqlstate", "") or "").startswith(("08", "57P"))
     return True
-
-
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen

@@ -18,6 +18,8 @@ from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
 
+from sidecar.backends.kit.guard import exception_chain
+
 if TYPE_CHECKING:
     from sidecar.backends.redis.target import RedisTarget
 
@@ -27,7 +29,7 @@ def explain(
 ) -> tuple[str, str]:
     """(log level, one-line cause) for an error from redis-py or the socket."""
     text = str(exc) or type(exc).__name__
-    chain = _exception_chain(exc)
+    chain = exception_chain(exc)
     verify = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
     if verify is not None or "CERTIFICATE_VERIFY_FAILED" in text:
         reason = verify.verify_message if verify is not None else text
@@ -87,12 +89,3 @@ def is_foreign_value(exc: BaseException) -> bool:
     return isinstance(exc, ValueError | KeyError | TypeError) or (
         isinstance(exc, ResponseError) and "user_script" in str(exc)
     )
-
-
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
