@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate, StoreError
 from sidecar.backends.etcd.records import encode
+from sidecar.backends.kit import candidate_json
+from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ZkError
@@ -47,22 +48,7 @@ GC_EVERY = 60.0  # monotonic seconds between two garbage collections of one regi
 def decode(name: str, data: bytes) -> Candidate:
     """The candidate a znode holds, checked (`sidecar.backends.records`): a value that is not
     ours, or one under another identity's name, is left out by the reader (and left alone)."""
-    try:
-        raw: Any = json.loads(data)
-    except (ValueError, RecursionError):
-        raw = None
-    if not isinstance(raw, dict):
-        return records.unreadable_candidate(name, data, "not a JSON object")
-    candidate = records.candidate(
-        identity=raw.get("identity"),
-        version=raw.get("version"),
-        revision=raw.get("revision", ""),
-        priority=raw.get("priority", 0),
-        leaving=raw.get("leaving", False),
-        started_at=raw.get("started_at"),
-        beat_at=raw.get("beat_at"),
-        app=raw.get("app", ""),
-    )
+    candidate = candidate_json.decode(name, data)
     if candidate.unreadable is None and name != candidate.identity:
         problem = f"identity {candidate.identity!r} written under another identity's znode"
         return records.unreadable_candidate(name, candidate.version, problem)
@@ -83,18 +69,7 @@ class ZooKeeperCandidates:
     async def beat(self, candidate: Candidate, duration: float) -> None:
         async def work() -> None:
             wall = self.client.clock.wall()
-            value = encode(
-                {
-                    "identity": candidate.identity,
-                    "version": candidate.version or new_version(),
-                    "revision": candidate.revision,
-                    "priority": candidate.priority,
-                    "leaving": candidate.leaving,
-                    "app": candidate.app,
-                    "started_at": _iso(candidate.started_at),
-                    "beat_at": wall.isoformat(),
-                }
-            )
+            value = encode(candidate_object(candidate, candidate.version or new_version(), wall))
             await self._put(self._znode(candidate.identity), value)
             now = self.client.clock.now()
             if now - self._last_gc >= GC_EVERY:
@@ -173,7 +148,3 @@ class ZooKeeperCandidates:
                     log(logger, "info", "removed a stale candidate", identity=name)
         except (StoreError, ZkError):
             return
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()

@@ -25,13 +25,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from sidecar.backends.base import LeaseRecord, StoreError, StoreUnavailable
+from sidecar.backends.base import LeaseRecord, StoreUnavailable
 from sidecar.backends.etcd.records import decode_record
+from sidecar.backends.kit import versions
+from sidecar.backends.kit.guard import Guard
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ConnectionLost, ZkError, ZkSession
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.logs import log
 
 if TYPE_CHECKING:
     from sidecar.backends.zookeeper.candidates import ZooKeeperCandidates
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.zookeeper")
-
-EPOCH = "~"  # separates a stored version from the epoch it was seen in
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,7 +93,7 @@ class ZooKeeperStoreClient:
         self.epoch = 0
         self.seen: dict[str, Node | None] = {}
         self.writes = 0
-        self._failing: str | None = None
+        self.guard = Guard("zookeeper", logger, lambda: self.description)
         self._followers: dict[str, set[Follower]] = {}  # path, or a prefix ending in "/"
         self._armed = asyncio.Event()  # the watch is on for the current connection
         self._arming: asyncio.Task[None] | None = None
@@ -108,13 +107,14 @@ class ZooKeeperStoreClient:
 
     def record(self, node: Node) -> LeaseRecord:
         record = decode_record(node.data)
-        return dataclasses.replace(record, version=f"{record.version}{EPOCH}{self.epoch}")
+        return dataclasses.replace(
+            record, version=f"{record.version}{versions.epoch_tag(self.epoch)}"
+        )
 
     def untagged(self, version: str) -> str | None:
         """The stored version a reported one names, or None if it was reported in an earlier
         epoch (no basis for a grant)."""
-        stored, _, epoch = version.rpartition(EPOCH)
-        return stored if epoch == str(self.epoch) else None
+        return versions.untagged(version, self.epoch)
 
     # -- connection and watch ---------------------------------------------------------------
 
@@ -143,7 +143,8 @@ class ZooKeeperStoreClient:
             except ConnectionLost:
                 return  # the next connection arms it
             except ZkError as error:
-                self._log_failure(f"zookeeper {self.description}: cannot watch: {error}")
+                message = f"zookeeper {self.description}: cannot watch: {error}"
+                self.guard.report("warning", message, message)
                 await asyncio.sleep(1.0)
                 continue
             break
@@ -195,32 +196,24 @@ class ZooKeeperStoreClient:
             if error.code in (jute.NO_AUTH, jute.AUTH_FAILED, jute.SESSION_EXPIRED):
                 raise self.fail("error", f"{what}: {error}") from None
             raise
-        if self._failing is not None:
-            log(logger, "info", "zookeeper answers again", store=self.description)
-            self._failing = None
+        self.guard.answered()
         return answer
 
     async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run one store operation; anything that is not an answer about the lease becomes
         `StoreUnavailable`."""
-        try:
-            return await work()
-        except (StoreError, asyncio.CancelledError):
-            raise
-        except ZkError as error:
-            raise self.fail("error", str(error)) from error
-        except Exception as exc:  # a malformed answer: the contract allows only StoreErrors
-            raise self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}") from exc
+        return await self.guard.run(work, self._failed)
+
+    def _failed(self, exc: Exception) -> StoreUnavailable:
+        if isinstance(exc, ZkError):
+            return self.fail("error", str(exc))
+        # A malformed answer: the contract allows only StoreErrors.
+        return self.fail("error", f"unexpected answer: {type(exc).__name__}: {exc}")
 
     def fail(self, level: str, cause: str) -> StoreUnavailable:
         message = f"zookeeper {self.description}: {cause}"
-        self._log_failure(message, level)
+        self.guard.report(level, message, message)
         return StoreUnavailable(message)
-
-    def _log_failure(self, message: str, level: str = "warning") -> None:
-        if message != self._failing:
-            log(logger, level, "zookeeper unavailable", store=self.description, error=message)
-            self._failing = message
 
     async def read(self, path: str) -> Node | None:
         """The znode as the connected server has it (None: absent). Raises `StoreUnavailable`."""
