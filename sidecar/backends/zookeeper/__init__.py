@@ -23,13 +23,13 @@ from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
-    from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
-    from sidecar.backends.zookeeper.store import ZooKeeperLease, ZooKeeperLeaseStore
+    from sidecar.backends.zookeeper.client import ZooKeeperLeaseStore, ZooKeeperStoreClient
+    from sidecar.backends.zookeeper.store import ZooKeeperLease
 
 _LAZY = {
     "ZooKeeperStoreClient": "sidecar.backends.zookeeper.client",
     "ZooKeeperLease": "sidecar.backends.zookeeper.store",
-    "ZooKeeperLeaseStore": "sidecar.backends.zookeeper.store",
+    "ZooKeeperLeaseStore": "sidecar.backends.zookeeper.client",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -56,7 +56,7 @@ def open_zookeeper_client(config: StoreConfig) -> ZooKeeperStoreClient:
 
 def open_zookeeper_store(config: StoreConfig) -> ZooKeeperLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
-    from sidecar.backends.zookeeper.store import ZooKeeperLeaseStore
+    from sidecar.backends.zookeeper.client import ZooKeeperLeaseStore
 
     return ZooKeeperLeaseStore(
         parse_target(config.store), config.lease, request_timeout=config.timing.request_timeout

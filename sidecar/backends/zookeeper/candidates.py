@@ -36,7 +36,7 @@ from sidecar.backends.zookeeper.session import ZkError
 from sidecar.logs import log
 
 if TYPE_CHECKING:
-    from sidecar.backends.zookeeper.client import Node, ZooKeeperStoreClient
+    from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
 
 logger = logging.getLogger("sidecar.zookeeper")
 
@@ -56,7 +56,7 @@ def decode(name: str, data: bytes) -> Candidate:
 
 
 class ZooKeeperCandidates:
-    def __init__(self, client: ZooKeeperStoreClient, group: str) -> None:
+    def __init__(self, client: ZooKeeperConnection, group: str) -> None:
         self.client = client
         self.group = group
         self.path = f"{client.candidates_path}/{group}"

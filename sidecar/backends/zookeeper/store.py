@@ -23,8 +23,7 @@ from sidecar.backends.etcd.records import (
     renewal_value,
 )
 from sidecar.backends.records import MAX_TERM, check_term
-from sidecar.backends.zookeeper.client import Node, ZooKeeperStoreClient
-from sidecar.backends.zookeeper.target import ZooKeeperTarget
+from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
 
 # A renewal or release that finds the lease changed under it, but still the caller's grant
 # (its own renewal raced a read, a hand-over's first renewal), tries again this often.
@@ -34,7 +33,7 @@ _TRIES = 3
 class ZooKeeperLease:
     """The store of lease ``name`` on ``client``. Cheap: it holds its path."""
 
-    def __init__(self, client: ZooKeeperStoreClient, name: str) -> None:
+    def __init__(self, client: ZooKeeperConnection, name: str) -> None:
         self.client = client
         self.lease = name
         self.path = f"{client.leases_path}/{name}"
@@ -235,15 +234,3 @@ class ZooKeeperLease:
     async def delete_everything(self) -> None:
         """Delete the lease's znode, term included (tests; an operator's ``deleteall``)."""
         await self.client.delete(self.path)
-
-
-class ZooKeeperLeaseStore(ZooKeeperLease):
-    """One lease with a client of its own (``--store zookeeper://…`` with one ``--lease``)."""
-
-    def __init__(
-        self, target: ZooKeeperTarget, lease: str, *, request_timeout: float = 2.0
-    ) -> None:
-        super().__init__(ZooKeeperStoreClient(target, request_timeout=request_timeout), lease)
-
-    async def close(self) -> None:
-        await self.client.close()
