@@ -360,11 +360,6 @@ class Elector:
     def due(self, now: float) -> bool:
         return now >= self._next_attempt
 
-    @property
-    def deadline(self) -> float:
-        """While leading, when it stops leading without a renewal (rule 3)."""
-        return self._valid_until
-
     def may_renew(self) -> bool:
         """Leading, and nothing else mutating the lease at the store (a release holds the
         lock): a batch may take it now."""
@@ -475,7 +470,8 @@ class Elector:
 
     async def _renew(self) -> float | None:
         """Steps 1 and 2 of `step` for a leader: a batch of one of its own ``renew``, counted
-        as this lease's. The delay until the next step, or None when it demoted at step 1."""
+        as this lease's and cut at its deadline. The delay until the next step, or None when
+        it demoted at step 1."""
         # A renewal still in flight at the half-lease mark is a growing gap too: alert on
         # time, not when (or if) the request comes back — also where no scheduler's timer
         # watches. (+10 ms: asyncio may run a timer up to one clock resolution early.)
@@ -486,7 +482,11 @@ class Elector:
         )
         try:
             done = await renew_held(
-                [self], RenewsEach(self._own_store), _own_name, self.metrics.store_request
+                [self],
+                RenewsEach(self._own_store),
+                _own_name,
+                self.metrics.store_request,
+                until=self._valid_until,
             )
         finally:
             alarm.cancel()

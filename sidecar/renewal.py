@@ -6,7 +6,8 @@ each lease's lock held from before the send until its outcome is applied:
    the term they renew under.
 2. One `RenewsMany.renew_many` request, guarded like every store call (`sidecar.store_call`)
    and counted once. Every deadline counts from the moment it is *sent* (rule 3). It waits at
-   most a request timeout, and never past the last deadline it could still save.
+   most a request timeout; a lease renewing on its own cuts it at its deadline too, while a
+   batch's leases demote on their own timers (`sidecar.schedule`).
 3. The sidecar's store probe hears once whether the store answered: an entry's own error (a
    value the store cannot decode) says nothing of the others; a request of which nothing is
    known fails every lease alike.
@@ -58,11 +59,6 @@ class Renewing(Protocol):
     @property
     def probe(self) -> StoreProbe | None: ...
 
-    @property
-    def deadline(self) -> float:
-        """While leading, the monotonic moment it stops leading without a renewal (rule 3)."""
-        ...
-
     def begin_renewal(self, now: float) -> int | None:
         """Step 1: the term to renew under, or None when not leading (demoted, maybe now)."""
         ...
@@ -78,11 +74,17 @@ R = TypeVar("R", bound=Renewing)
 
 
 async def renew_held(
-    leases: Sequence[R], client: RenewsMany, name_of: Callable[[R], str], count: Count
+    leases: Sequence[R],
+    client: RenewsMany,
+    name_of: Callable[[R], str],
+    count: Count,
+    *,
+    until: float = float("inf"),
 ) -> list[tuple[R, float]]:
     """Steps 1 to 4 for ``leases``, whose locks the caller holds, in one request to ``client``
-    (``name_of``: each lease's name at the store). Returns each lease that was renewed or
-    tried, with the delay until its next step; one that demoted at step 1 is not among them."""
+    (``name_of``: each lease's name at the store), cut at the monotonic moment ``until`` if it
+    comes before a request timeout. Returns each lease that was renewed or tried, with the
+    delay until its next step; one that demoted at step 1 is not among them."""
     if not leases:
         return []
     clock = leases[0].clock
@@ -95,9 +97,7 @@ async def renew_held(
         for lease, term in members
     ]
     sent = clock.now()  # rule 3: every deadline counts from here
-    budget = min(
-        members[0][0].timing.request_timeout, max(lease.deadline for lease, _ in members) - sent
-    )
+    budget = min(members[0][0].timing.request_timeout, until - sent)
     outcomes: Sequence[RenewalOutcome]
     failure: StoreError | None = None
     try:
