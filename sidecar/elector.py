@@ -3,7 +3,9 @@
 It imports only the backend interface. The safety rules of docs/design.md live here as follows:
 
 * Rule 3 — `valid_until` is the monotonic time at which the last successful acquire/renew was
-  *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says.
+  *sent*, plus the lease, minus a safety margin. Passing it demotes, whatever the store says
+  (`_past_deadline`, the one place). Every renewal, alone or in a batch, takes the one path of
+  `sidecar.renewal`, which times it from its sending.
   A grant a hand-over wrote to us counts from when we sent the candidate beat the releasing
   holder chose us by: that beat was read before the hand-over was written, so the moment is
   before the write, as a renewal's sending is (`_take_handed`).
@@ -38,6 +40,7 @@ from sidecar.backends.base import (
     LeaseRecord,
     LeaseStore,
     NotOwned,
+    RenewsEach,
     StoreError,
     StoreUnavailable,
     is_hold,
@@ -49,7 +52,9 @@ from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
+from sidecar.renewal import renew_held
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
+from sidecar.store_call import ANSWERS, store_call
 from sidecar.supervisor import Supervisor
 from sidecar.timing import Timing
 
@@ -77,6 +82,10 @@ def _taken_by(record: LeaseRecord | None) -> str:
 
 def no_scheduler(elector: Elector) -> None:
     """`Elector.wake_scheduler` while no scheduler runs the elector: nobody to tell."""
+
+
+def _own_name(elector: Elector) -> str:
+    return elector.lease
 
 
 class Elector:
@@ -352,6 +361,11 @@ class Elector:
     def due(self, now: float) -> bool:
         return now >= self._next_attempt
 
+    def may_renew(self) -> bool:
+        """Leading, and nothing else mutating the lease at the store (a release holds the
+        lock): a batch may take it now."""
+        return self._role is Role.LEADER and not self._lock.locked()
+
     def renews_by(self, horizon: float) -> bool:
         """Leading, with a renewal on its usual beat due by ``horizon``: it may go now with a
         batch instead (renewing early only moves the next deadline earlier)."""
@@ -391,27 +405,34 @@ class Elector:
     def tick(self, now: float) -> None:
         """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
         self._check_growing_gap(now)
+        self._past_deadline(now)
+
+    def _past_deadline(self, now: float) -> bool:
+        """Rule 3, the one place a leader stops on its own clock: past its deadline it has
+        stopped leading, whatever the store would say — it may be partitioned from a store
+        that already let the lease expire. Asked by its timer (`tick`), before a renewal is
+        sent (`begin_renewal`), and when one fails or is confirmed too late. True if it
+        demoted now."""
         if self._role is Role.LEADER and now >= self._valid_until:
             self._demote("deadline")
+            return True
+        return False
 
     async def step(self) -> float:
         """One acquire-or-renew step. Returns the delay until the next one."""
         async with self._lock:
             self._watch_asked = float("inf")
-            now = self._clock.now()
             leading = self._role is Role.LEADER
-            # 1. A leader past its deadline has stopped leading, whatever the store would say:
-            #    it may be partitioned from a store that already let the lease expire (rule 3).
-            if self._role is Role.LEADER and now >= self._valid_until:
-                self._demote("deadline")
-            # 2. Leading: renew, conditional at the store on our holder and term (rule 1).
+            # 1. A leader past its deadline has stopped leading, whatever the store would say
+            #    (rule 3); 2. leading, renew, conditional at the store on our holder and term
+            #    (rule 1): the one renewal path, as a batch of one (`sidecar.renewal`).
+            delay = await self._renew() if leading else None
             # 3. Following: acquire if free or expired, with a term above every term seen —
             #    unless the store refuses: then the sidecar's one probe asks for us.
-            if self._role is Role.LEADER:
-                delay = await self._renew(now)
-            elif (waiting := self._waiting_for_probe(now)) is not None:
-                return self._park(now, waiting)
-            else:
+            if delay is None:
+                now = self._clock.now()
+                if (waiting := self._waiting_for_probe(now)) is not None:
+                    return self._park(now, waiting)
                 delay = await self._acquire(now)
             # 4. A loss seen, the store holding nothing or a lower release: write it down (rule 5).
             seen = self._loss_to_write_down()
@@ -448,31 +469,36 @@ class Elector:
         self._next_attempt = min(now + delay, max(now, self._watch_asked))
         return delay
 
-    async def _renew(self, sent: float) -> float:
-        budget = min(self.timing.request_timeout, self._valid_until - sent)
+    async def _renew(self) -> float | None:
+        """Steps 1 and 2 of `step` for a leader: a batch of one of its own ``renew``, counted
+        as this lease's and cut at its deadline. The delay until the next step, or None when
+        it demoted at step 1."""
         # A renewal still in flight at the half-lease mark is a growing gap too: alert on
-        # time, not when (or if) the request comes back. (+10 ms: asyncio may run a timer up to
-        # one clock resolution early.)
+        # time, not when (or if) the request comes back — also where no scheduler's timer
+        # watches. (+10 ms: asyncio may run a timer up to one clock resolution early.)
         half_mark = self._last_renewal_sent + self.timing.lease_duration / 2
         alarm = asyncio.get_running_loop().call_later(
-            max(0.0, half_mark - sent) + 0.01, lambda: self._check_growing_gap(self._clock.now())
+            max(0.0, half_mark - self._clock.now()) + 0.01,
+            lambda: self._check_growing_gap(self._clock.now()),
         )
-        self._renewal_out = sent
         try:
-            record = await self._call(
-                "renew",
-                lambda: self.store.renew(self.identity, self._term, self.timing.lease_duration),
-                budget,
+            done = await renew_held(
+                [self],
+                RenewsEach(self._own_store),
+                _own_name,
+                self.metrics.store_request,
+                until=self._valid_until,
             )
-        except StoreError as failed:
-            return self._renewal_failed(failed)
         finally:
             alarm.cancel()
             self._renewal_out = None
-        return self._renewal_answered(sent, record)
+        return done[0][1] if done else None
+
+    def _own_store(self, name: str) -> LeaseStore:
+        return self.store
 
     def _renewal_failed(self, failed: StoreError) -> float:
-        """A renewal (alone or in a batch) that did not renew: the delay until the next step."""
+        """A renewal that did not renew: the delay until the next step."""
         self._on_beat = False
         if isinstance(failed, NotOwned):
             self._observe(failed.record)
@@ -483,8 +509,7 @@ class Elector:
         # retried at once: waiting a retry period could cost the deadline for nothing.
         now = self._clock.now()
         self._check_growing_gap(now)
-        if now >= self._valid_until:
-            self._demote("deadline")
+        if self._past_deadline(now):
             return self._retry_delay()
         if isinstance(failed, Conflict):
             self._observe(failed.record)
@@ -492,26 +517,23 @@ class Elector:
         return self._renewal_retry(now, failed)
 
     def _renewal_answered(self, sent: float, record: LeaseRecord) -> float:
-        """A renewal sent at ``sent`` (alone or in a batch) that the store confirmed."""
-        if self._clock.now() >= self._valid_until:
+        """A renewal sent at ``sent`` that the store confirmed."""
+        if self._past_deadline(self._clock.now()):
             # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
             # leading for real; the next step re-acquires under a new term.
             self._observe(record)
-            self._demote("deadline")
             return 0.0
         self._renewed(sent, record)
         self._on_beat = True
         return max(0.0, sent + self.timing.renew_interval - self._clock.now())
 
-    # -- a renewal in a batch (`sidecar.schedule`): the lock is the scheduler's ---------------
+    # -- the renewal path (`sidecar.renewal`): its caller holds the lock -------------------------
 
     def begin_renewal(self, now: float) -> int | None:
-        """Step 1 of `step` for a lease about to join a batch, its lock held by the caller: a
-        leader past its deadline demotes (rule 3) and stays out. Returns the term to renew
-        under, or None when not leading."""
+        """Step 1 of a renewal, alone or in a batch: a leader past its deadline demotes
+        (rule 3) and stays out. Returns the term to renew under, or None when not leading."""
         self._watch_asked = float("inf")
-        if self._role is Role.LEADER and now >= self._valid_until:
-            self._demote("deadline")
+        self._past_deadline(now)
         if self._role is not Role.LEADER:
             return None
         self._renewal_out = now
@@ -519,13 +541,13 @@ class Elector:
 
     def finish_renewal(
         self, sent: float, term: int, outcome: LeaseRecord | StoreError, *, answered: bool
-    ) -> None:
-        """Apply this lease's outcome of a batch sent at ``sent`` exactly as a renewal of its
-        own is applied (rules 1 and 3): renewed (its deadline counted from ``sent``), not
-        owned (demoted as lost), a conflict or the store unavailable (retried while the
-        deadline is ahead). ``answered``: the store answered the batch (this entry may still
-        be an error of its own); otherwise ``outcome`` is why nothing is known of any. The
-        store probe hears of the batch once, from the scheduler."""
+    ) -> float:
+        """Step 4: apply this lease's outcome of a renewal sent at ``sent`` (rules 1 and 3):
+        renewed (its deadline counted from ``sent``), not owned (demoted as lost), a conflict
+        or the store unavailable (retried while the deadline is ahead). ``answered``: the store
+        answered the request (this entry may still be an error of its own); otherwise
+        ``outcome`` is why nothing is known of any. The store probe hears of the request once,
+        from the renewal path. Returns the delay until the next step."""
         self._renewal_out = None
         if answered:
             self._last_store_answer = self._clock.now()
@@ -550,6 +572,7 @@ class Elector:
             delay = 0.0  # step 4 of `step`: the next step writes it down
         now = self._clock.now()
         self._next_attempt = min(now + delay, max(now, self._watch_asked))
+        return delay
 
     def _renewal_retry(self, now: float, failed: StoreError) -> float:
         """When a leader whose renewal failed tries again: a retry period on, or later if the
@@ -1111,49 +1134,24 @@ class Elector:
         return self.timing.retry_period * self._rng.uniform(1.0, 1.5)
 
     async def _call(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
-        """One store request within ``budget`` seconds, counted by outcome. Timeouts and
-        unexpected errors become `StoreUnavailable`: fail closed, never crash the loop. Every
-        outcome also tells the sidecar's probe whether the store answers."""
-        started = self._clock.now()
-        outcome = "ok"
-        refused: StoreError | None = None  # nothing known: the store refuses
+        """One store request within ``budget`` seconds (`sidecar.store_call`), counted as this
+        lease's. Every outcome also tells the sidecar's probe whether the store answers."""
         try:
-            async with asyncio.timeout(max(budget, 0.001)):
-                return await request()
-        except TimeoutError:
-            outcome = "timeout"
-            self._last_error = f"{op} timed out after {budget:.3f}s"
-            refused = StoreUnavailable(self._last_error)
-            raise refused from None
-        except LeaseHeld:
-            outcome = "held"
-            raise
-        except NotOwned:
-            outcome = "not_owned"
-            raise
-        except Conflict:
-            outcome = "conflict"
-            raise
-        except StoreUnavailable as exc:
-            outcome = "unavailable"
-            self._last_error = str(exc)
-            refused = exc
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except Exception as exc:
-            outcome = "error"
-            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
-            logger.exception("unexpected store error", extra={"sidecar_fields": {"op": op}})
-            refused = StoreUnavailable(self._last_error)
-            raise refused from exc
-        finally:
-            now = self._clock.now()
-            self.metrics.store_request(op, outcome, now - started)
-            if outcome in ("ok", "held", "not_owned", "conflict"):
-                self._last_store_answer = now
-                if self._probe is not None:
-                    self._probe.answered()
-            elif refused is not None and self._probe is not None:
+            answer = await store_call(
+                op, request, budget, clock=self._clock, count=self.metrics.store_request
+            )
+        except StoreUnavailable as refused:
+            self._last_error = str(refused)
+            if self._probe is not None:
                 self._probe.refused(refused)
+            raise
+        except ANSWERS:
+            self._store_answered()
+            raise
+        self._store_answered()
+        return answer
+
+    def _store_answered(self) -> None:
+        self._last_store_answer = self._clock.now()
+        if self._probe is not None:
+            self._probe.answered()

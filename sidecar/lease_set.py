@@ -29,7 +29,8 @@ from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt
 from sidecar.probe import StoreProbe
-from sidecar.schedule import Batching, Scheduler
+from sidecar.renewal import Batching
+from sidecar.schedule import Scheduler
 from sidecar.status import LeaderStatus, Role, Transition
 from sidecar.supervisor import Supervisor
 from sidecar.timing import Timing
@@ -123,8 +124,8 @@ class LeaseSet:
         self.probe: StoreProbe | None = None  # `open` or `run` sets it (`_share_probe`)
         # Renewals in one request per round where the store can (`open` sets it): never for
         # one lease, whose sidecar renews exactly as before batching.
-        self.batching: Batching | None = None
-        self.scheduler: Scheduler | None = None  # the one clock of every elector (`run`)
+        self.batching: Batching[Elector] | None = None
+        self.scheduler: Scheduler[Elector] | None = None  # the one clock of every elector (`run`)
         # The group's records as last read for ``GET /leases`` (`read_candidates`), when the
         # last read was tried (answered or not), and one read at a time (made on the
         # election's loop, on first use).

@@ -8,12 +8,13 @@ that is due. A thousand leases are then one task and one timer, not a thousand o
 Renewals that are due together go in one request where the store can renew many leases at
 once (`RenewsMany`): every lease this replica leads whose renewal is due within half a renew
 interval goes with the one that is due, so that after a round or two the leases renew in one
-batch per renew interval. Each lease's outcome is applied to that lease exactly as its own
-renewal's would be (`Elector.finish_renewal`): rule 1 per lease (the store checks holder and
-term per lease), rule 3 per lease (its deadline counts from when the batch was *sent*, and an
-answer after its deadline extends nothing). A store without a multi-object write (Kubernetes)
-renews each lease with a request of its own, and so does a sidecar of one lease, exactly as
-before batching.
+batch per renew interval. A batch takes the one renewal path (`sidecar.renewal`) a lease renewing
+alone takes, which applies each lease's outcome to that lease (rules 1 and 3 per lease). A store
+without a multi-object write (Kubernetes) renews each lease with a request of its own, and so
+does a sidecar of one lease: each leader's step is then a batch of one.
+
+What the scheduler needs of an elector is `Scheduled`; it never takes an elector's lock (the
+renewal path does) nor reads its state.
 
 Renewals first: at each moment the batch of due renewals starts before any follower's step,
 and a follower's step (an acquire, a read, a loss marker) waits for the acquire slots
@@ -25,61 +26,91 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
-from sidecar.backends.base import (
-    MAX_BATCH,
-    LeaseRecord,
-    Renewal,
-    RenewalOutcome,
-    RenewsMany,
-    StoreError,
-    StoreUnavailable,
-)
+from sidecar.backends.base import MAX_BATCH
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.elector import Elector, no_scheduler
-from sidecar.status import Role
-
-logger = logging.getLogger("sidecar.schedule")
+from sidecar.renewal import Batching, Renewing
 
 INFINITY = float("inf")
 
 
-class Batching:
-    """How a set's renewals go in one request: the client that renews many, each elector's
-    lease name at the store, and where the request is counted (once per batch)."""
+class Scheduled(Renewing, Protocol):
+    """What the scheduler needs of an elector (`sidecar.elector.Elector`): its moments, its
+    time-driven transitions, its step, and — for the leases it hands to a batch — what the
+    renewal path needs (`Renewing`)."""
 
-    def __init__(
-        self,
-        client: RenewsMany,
-        names: Mapping[Elector, str],
-        count: Callable[[str, str, float], None],
-    ) -> None:
-        self.client = client
-        self.names = dict(names)
-        self.count = count
-        self.batches = 0  # batches sent (tests, logs)
+    @property
+    def wake_scheduler(self) -> Callable[[Any], None]:
+        """Set by the scheduler: called with the elector when it may be due sooner than it
+        was (a watch event, a poke, a stop)."""
+        ...
+
+    @wake_scheduler.setter
+    def wake_scheduler(self, wake: Callable[[Any], None]) -> None: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def start_watch(self) -> asyncio.Task[None] | Callable[[], None]:
+        """Follow the store's watch: a task, or the function that stops a store's calls."""
+        ...
+
+    def wake_at(self) -> float:
+        """The next moment to look at it: its next attempt, or a timer."""
+        ...
+
+    def timers(self) -> list[float]:
+        """The moments to wake for without a store call (deadline, half-lease mark)."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """Time-driven transitions, no I/O."""
+        ...
+
+    def due(self, now: float) -> bool:
+        """Its next attempt has come."""
+        ...
+
+    async def step(self) -> float:
+        """One acquire-or-renew step."""
+        ...
+
+    def may_renew(self) -> bool:
+        """Leading, and free to join a batch now."""
+        ...
+
+    def renews_by(self, horizon: float) -> bool:
+        """Leading on its usual beat, with a renewal due by ``horizon``."""
+        ...
 
 
-class Scheduler:
+S = TypeVar("S", bound=Scheduled)
+
+
+def _unscheduled(elector: object) -> None:
+    """An elector's ``wake_scheduler`` once no scheduler runs it: nobody to tell."""
+
+
+class Scheduler(Generic[S]):
     """Runs ``electors`` until every one of them is stopped (`Elector.stop`), or until
     cancelled; raises what a step raised (a bug)."""
 
     def __init__(
         self,
-        electors: Iterable[Elector],
+        electors: Iterable[S],
         *,
         clock: Clock = SYSTEM_CLOCK,
-        batching: Batching | None = None,
+        batching: Batching[S] | None = None,
     ) -> None:
         self.electors = list(electors)
         self._clock = clock
         self._batching = batching
-        self._heap: list[tuple[float, int, Elector]] = []
-        self._queued: dict[Elector, float] = {}  # each elector's earliest live heap entry
+        self._heap: list[tuple[float, int, S]] = []
+        self._queued: dict[S, float] = {}  # each elector's earliest live heap entry
         self._order = itertools.count()
-        self._busy: set[Elector] = set()  # a step or a batch of theirs is in flight
+        self._busy: set[S] = set()  # a step or a batch of theirs is in flight
         self._work: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
@@ -88,7 +119,7 @@ class Scheduler:
 
     # -- what the electors tell it ----------------------------------------------------------
 
-    def _push(self, elector: Elector, at: float) -> None:
+    def _push(self, elector: S, at: float) -> None:
         """Look at ``elector`` at ``at``, unless it is to be looked at sooner already."""
         if at == INFINITY or at >= self._queued.get(elector, INFINITY):
             return
@@ -97,7 +128,7 @@ class Scheduler:
         if at < self._sleeping_until:
             self._wake.set()
 
-    def _woken(self, elector: Elector) -> None:
+    def _woken(self, elector: S) -> None:
         """An elector may be due sooner (a watch event, a poke, a stop)."""
         if elector.stopping:
             self._wake.set()  # (the loop ends once every elector stops)
@@ -152,12 +183,12 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for elector in self.electors:
-                elector.wake_scheduler = no_scheduler
+                elector.wake_scheduler = _unscheduled
 
-    def _pop_due(self, now: float) -> list[Elector]:
+    def _pop_due(self, now: float) -> list[S]:
         """Every elector whose moment has come: its timers ticked, and those due for a step."""
-        due: list[Elector] = []
-        later: list[tuple[Elector, float]] = []
+        due: list[S] = []
+        later: list[tuple[S, float]] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             at, _, elector = heapq.heappop(heap)
@@ -181,23 +212,23 @@ class Scheduler:
             self._push(elector, at)
         return due
 
-    def _dispatch(self, due: list[Elector]) -> None:
+    def _dispatch(self, due: list[S]) -> None:
         """Renewals first, in one batch where the store allows; then each follower's step."""
         if not due:
             return
         steps = due
         if self._batching is not None:
             # (A lease whose lock a release holds renews on its own once the lock is free.)
-            leaders = [e for e in due if e.role is Role.LEADER and not e.lock.locked()]
+            leaders = [e for e in due if e.may_renew()]
             if leaders:
                 batched = set(leaders)
                 steps = [e for e in due if e not in batched]
                 for batch in self._batches(leaders):
-                    self._start(self.renew(batch), batch)
+                    self._start(self._batching.renew(batch), batch)
         for elector in steps:
             self._start(elector.step(), [elector])
 
-    def _batches(self, leaders: list[Elector]) -> list[list[Elector]]:
+    def _batches(self, leaders: list[S]) -> list[list[S]]:
         """The leases to renew now: those due, and every other lease led on its usual beat
         whose renewal is due within half a renew interval (so that the set's renewals come
         together), in batches of at most `MAX_BATCH`."""
@@ -209,14 +240,14 @@ class Scheduler:
                 elector not in chosen
                 and elector not in self._busy
                 and not elector.stopping
-                and not elector.lock.locked()
+                and elector.may_renew()
                 and elector.renews_by(horizon)
             ):
                 leaders.append(elector)
                 chosen.add(elector)
         return [leaders[i : i + MAX_BATCH] for i in range(0, len(leaders), MAX_BATCH)]
 
-    def _start(self, work: Awaitable[object], electors: Sequence[Elector]) -> None:
+    def _start(self, work: Awaitable[object], electors: Sequence[S]) -> None:
         self._busy.update(electors)
         for elector in electors:
             # Its timers still run while it is out (rule 3): a lease whose deadline passes
@@ -244,81 +275,3 @@ class Scheduler:
             self._wake.set()
 
         task.add_done_callback(done)
-
-    # -- a batch of renewals ----------------------------------------------------------------
-
-    async def renew(self, electors: list[Elector]) -> None:
-        """Renew ``electors`` in one request: each lease's lock is held from before the send
-        until its outcome is applied, as for a renewal of its own."""
-        assert self._batching is not None
-        held: list[Elector] = []
-        try:
-            for elector in electors:
-                await elector.lock.acquire()  # free (`_dispatch`), unless a release came first
-                held.append(elector)
-            now = self._clock.now()
-            members = [(e, term) for e in held if (term := e.begin_renewal(now)) is not None]
-            if not members:
-                return
-            names = self._batching.names
-            renewals = [
-                Renewal(names[e], e.identity, term, e.timing.lease_duration) for e, term in members
-            ]
-            sent = self._clock.now()  # rule 3: every deadline counts from here
-            outcomes: Sequence[RenewalOutcome]
-            failure: StoreError | None = None
-            try:
-                outcomes = await self._send(renewals, members[0][0].timing.request_timeout)
-            except StoreError as failed:
-                failure = failed
-                outcomes = [failed] * len(members)
-            # The store answered (an entry's own error says nothing of the others), or nothing
-            # is known: the sidecar's one probe hears it once.
-            probe = members[0][0].probe
-            if probe is not None:
-                if failure is None:
-                    probe.answered()
-                else:
-                    probe.refused(failure)
-            # One pass over the batch: each lease's outcome, as its own renewal's.
-            for (elector, term), outcome in zip(members, outcomes, strict=True):
-                elector.finish_renewal(sent, term, outcome, answered=failure is None)
-        finally:
-            for elector in held:
-                elector.lock.release()
-
-    async def _send(self, renewals: list[Renewal], timeout: float) -> list[RenewalOutcome]:
-        """One `renew_many` request within ``timeout``, counted once. Raises `StoreUnavailable`
-        when nothing is known about any entry."""
-        assert self._batching is not None
-        batching = self._batching
-        batching.batches += 1
-        started = self._clock.now()
-        outcome = "ok"
-        try:
-            async with asyncio.timeout(timeout):
-                answer = await batching.client.renew_many(renewals)
-            if len(answer) != len(renewals):
-                raise StoreUnavailable(
-                    f"renew_many answered {len(answer)} outcomes for {len(renewals)} leases"
-                )
-            return [a if isinstance(a, (LeaseRecord, StoreError)) else _bad(a) for a in answer]
-        except TimeoutError:
-            outcome = "timeout"
-            raise StoreUnavailable(f"renew_many timed out after {timeout:.3f}s") from None
-        except StoreUnavailable:
-            outcome = "unavailable"
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except Exception as exc:
-            outcome = "error"
-            logger.exception("unexpected store error", extra={"sidecar_fields": {"op": "renew"}})
-            raise StoreUnavailable(f"renew_many: {type(exc).__name__}: {exc}") from exc
-        finally:
-            batching.count("renew", outcome, self._clock.now() - started)
-
-
-def _bad(answer: object) -> StoreError:
-    return StoreUnavailable(f"renew_many answered {type(answer).__name__}, not an outcome")

@@ -45,7 +45,7 @@ information for humans; they never grant.
 * A `StoreClient` that can renew many leases in one round trip also implements
   `RenewsMany` (``renew_many``): each lease's outcome exactly as its own ``renew`` would
   answer, in one request. A store without a multi-object write (Kubernetes) does not, and its
-  leases renew one request each.
+  leases renew one request each (`RenewsEach`, which the sidecar puts over ``renew``).
 
 Every call either returns a `LeaseRecord` or raises one of the exceptions below; no call answers
 a bare ``False`` that throws the reason away. Calls may block for at most the store's request
@@ -468,3 +468,29 @@ class RenewsMany(Protocol):
     async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
         """Renew every lease of ``renewals`` in one request (see the class)."""
         ...
+
+
+class RenewsEach:
+    """`RenewsMany` for leases that renew with a request each (a store without a multi-object
+    write, Kubernetes; a lease renewing on its own): every entry is its own ``renew`` on
+    ``lease(name)``, one after another, so a batch of one is exactly its ``renew`` — the
+    same request, the same error. Raises `StoreUnavailable` only when every entry did:
+    nothing is known of any."""
+
+    __slots__ = ("_lease",)
+
+    def __init__(self, lease: Callable[[str], LeaseStore]) -> None:
+        self._lease = lease
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
+        outcomes: list[RenewalOutcome] = []
+        for renewal in renewals:
+            store = self._lease(renewal.name)
+            try:
+                outcomes.append(await store.renew(renewal.identity, renewal.term, renewal.duration))
+            except StoreError as failed:
+                outcomes.append(failed)
+        unavailable = [outcome for outcome in outcomes if isinstance(outcome, StoreUnavailable)]
+        if unavailable and len(unavailable) == len(outcomes):
+            raise unavailable[0]
+        return outcomes

@@ -24,7 +24,8 @@ from sidecar.backends.memory import MemoryServer, MemoryStoreClient
 from sidecar.elector import Elector
 from sidecar.metrics import Metrics
 from sidecar.probe import StoreProbe
-from sidecar.schedule import Batching, Scheduler
+from sidecar.renewal import Batching
+from sidecar.schedule import Scheduler
 from sidecar.status import Role, Transition
 from sidecar.timing import Timing
 from tests.support.clock import FakeClock
@@ -83,15 +84,12 @@ class Rig:
         )  # fmt: skip
         for elector in self.electors:
             elector.use_probe(self.probe)
-        self.scheduler = Scheduler(
-            self.electors,
-            clock=self.clock,
-            batching=Batching(
-                self.client,
-                dict(zip(self.electors, self.names, strict=True)),
-                self.electors[0].metrics.store_request,
-            ),
+        self.batching = Batching(
+            self.client,
+            dict(zip(self.electors, self.names, strict=True)),
+            self.electors[0].metrics.store_request,
         )
+        self.scheduler = Scheduler(self.electors, clock=self.clock, batching=self.batching)
 
     def steal(self, name: str, holder: str = "x_9999") -> None:
         """Another writer takes the lease behind our back, with a newer term."""
@@ -142,7 +140,7 @@ async def test_a_batch_where_one_lease_was_taken_over_renews_the_others_and_demo
     before = {name: rig.record(name) for name in rig.names}
     rig.clock.advance(TIMING.renew_interval)
     rig.steal("jobs-2")
-    await rig.scheduler.renew(rig.electors)
+    await rig.batching.renew(rig.electors)
     assert rig.client.sent == [rig.names]
     assert rig.renew_requests() == 1
     for elector in (a0, a1):
@@ -165,13 +163,13 @@ async def test_a_batch_answered_after_a_leases_deadline_does_not_extend_it(rig: 
     under a new term (rule 5: its own name, renewed late)."""
     a0, a1, a2 = rig.electors
     rig.clock.advance(TIMING.renew_interval)  # a1 and a2 renew; a0 does not, here
-    await rig.scheduler.renew([a1, a2])
+    await rig.batching.renew([a1, a2])
     sent = rig.clock.now() + TIMING.lease_duration - MARGIN - TIMING.renew_interval - 0.5
     rig.clock.advance(sent - rig.clock.now())  # 0.5 s before a0's deadline
     answered = sent + 1.0  # after a0's deadline, before a1's
     rig.client.during = lambda: rig.clock.advance(answered - rig.clock.now())
     term = a0.status().term
-    await rig.scheduler.renew([a0, a1])
+    await rig.batching.renew([a0, a1])
     assert rig.client.sent[-1] == ["jobs-0", "jobs-1"]
     assert not a0.is_leader()
     assert rig.demotions(a0, "deadline") == 1
@@ -187,9 +185,9 @@ async def test_a_batch_sent_after_a_leases_deadline_leaves_that_lease_out(rig: R
     demotes first (the gap alerted) and is not in the request; the others are renewed."""
     a0, a1, a2 = rig.electors
     rig.clock.advance(TIMING.renew_interval)
-    await rig.scheduler.renew([a1, a2])
+    await rig.batching.renew([a1, a2])
     rig.clock.advance(TIMING.lease_duration - MARGIN - TIMING.renew_interval + 0.1)
-    await rig.scheduler.renew(rig.electors)
+    await rig.batching.renew(rig.electors)
     assert rig.client.sent[-1] == ["jobs-1", "jobs-2"]
     assert not a0.is_leader()
     assert rig.demotions(a0, "deadline") == 1
@@ -216,7 +214,7 @@ async def test_a_partial_failure_of_the_store_is_per_lease(rig: Rig) -> None:
         "jobs-0": StoreUnavailable("unexpected value in the key"),
         "jobs-2": NotOwned("not held by a_0000 with term 3", rig.record("jobs-2")),
     }
-    await rig.scheduler.renew(rig.electors)
+    await rig.batching.renew(rig.electors)
     assert a0.is_leader()
     assert a0.last_error == "unexpected value in the key"
     assert a0.status().valid_for == pytest.approx(TIMING.lease_duration - MARGIN - 3.0)
@@ -236,7 +234,7 @@ async def test_a_batch_nothing_is_known_of_fails_every_lease_alike(rig: Rig) -> 
     for the followers)."""
     rig.clock.advance(TIMING.renew_interval)
     rig.client.refuse = StoreUnavailable("connection refused")
-    await rig.scheduler.renew(rig.electors)
+    await rig.batching.renew(rig.electors)
     for elector in rig.electors:
         assert elector.is_leader()
         assert elector.last_error == "connection refused"
@@ -336,7 +334,7 @@ async def test_a_timer_that_a_tick_leaves_where_it_was_does_not_spin_the_loop(ri
     a0 = rig.electors[0]
     rig.clock.advance(TIMING.renew_interval)
     rig.client.refuse = StoreUnavailable("busy", retry_after=3.0)
-    await rig.scheduler.renew([a0])
+    await rig.batching.renew([a0])
     assert a0.is_leader()
     half_mark = rig.clock.now() - TIMING.renew_interval + TIMING.lease_duration / 2
     assert a0.wake_at() == half_mark < a0.status().valid_for + rig.clock.now()
