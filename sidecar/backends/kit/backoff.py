@@ -73,14 +73,17 @@ async def reconnect_forever(
 ) -> NoReturn:
     """Keep one connection until cancelled: wait until it is ``wanted`` (someone watches),
     make its client-side object (``opening``: its failure is a bug, raised), ``connect`` and
-    serve until it returns (the back-off starts over) or fails (``failed`` is told, then the
-    back-off's wait), then ``closed`` (after that wait). Never raises but CancelledError,
-    ``fatal`` and what ``opening`` raises (bugs, for the supervisor to restart the loop)."""
+    serve until it returns (the back-off starts over) or fails (``failed`` is told), then
+    ``closed``, then, after a failure, the back-off's wait. ``closed`` comes before the wait
+    so that nothing reports the connection up while it is down. Never raises but
+    CancelledError, ``fatal`` and what ``opening`` raises (bugs, for the supervisor to
+    restart the loop)."""
     while True:
         if wanted is not None:
             await wanted()
         if opening is not None:
             opening()
+        wait = 0.0
         try:
             await connect()
             backoff.succeeded()
@@ -88,7 +91,9 @@ async def reconnect_forever(
             raise
         except Exception as exc:  # never raise: the watches rely on the connection
             failed(exc)
-            await asyncio.sleep(backoff.failed())
+            wait = backoff.failed()
         finally:
             if closed is not None:
                 await closed()
+        if wait:
+            await asyncio.sleep(wait)
