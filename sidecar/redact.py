@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping
 HIDDEN = "***"
 # Variable names whose values are treated as secrets, misspelt ones included (PASSWROD).
 _SECRET_NAME = re.compile(r"PASS|PWD|TOKEN|SECRET|CRED|AUTH", re.IGNORECASE)
+# Set by shells and container runtimes to the working directory; "PWD" is no password here,
+# and scrubbing it would blank the directory out of every path in every line.
+_WORKING_DIRECTORIES = frozenset({"PWD", "OLDPWD"})
 MIN_SECRET_CHARS = 4  # shorter values would blank out unrelated text everywhere
 # C0, DEL, C1, the Unicode line and paragraph separators, and the invisible format characters
 # that reorder or hide text on a terminal (bidirectional overrides and isolates, zero-width
@@ -127,7 +130,7 @@ def secret_values(known: Iterable[str | None], environ: Mapping[str, str]) -> li
         elif value:
             values.add(value)
     for name, value in environ.items():
-        if looks_secret(name):
+        if looks_secret(name) and name not in _WORKING_DIRECTORIES:
             values.add(value)
     return sorted(v for v in values if len(v) >= MIN_SECRET_CHARS)
 

@@ -93,6 +93,13 @@ def test_secret_values_come_from_the_config_and_secret_looking_variables() -> No
     assert set(found) == {SECRET, "other-secret", "misspelt-value", "token-value"}
 
 
+def test_the_working_directory_is_not_taken_for_a_password() -> None:
+    """``PWD`` holds the shell's working directory: scrubbed, every path under it read
+    ``***/ca.pem`` in the errors a user needs to read."""
+    environ = {"PWD": "/etc/leader-sidecar", "OLDPWD": "/tmp", "DB_PWD": "real-password"}
+    assert secret_values([], environ) == ["real-password"]
+
+
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_log_lines_scrub_secrets_and_stay_one_line(
     log_format: str, capsys: pytest.CaptureFixture[str]
