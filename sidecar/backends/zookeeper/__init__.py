@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.lazy import lazy_names
-from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target
+from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target, target_of
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
@@ -49,9 +49,7 @@ def open_zookeeper_client(config: StoreConfig) -> ZooKeeperStoreClient:
     """The client shared by every lease of the sidecar."""
     from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
 
-    return ZooKeeperStoreClient(
-        parse_target(config.store), request_timeout=config.timing.request_timeout
-    )
+    return ZooKeeperStoreClient(target_of(config), request_timeout=config.timing.request_timeout)
 
 
 def open_zookeeper_store(config: StoreConfig) -> ZooKeeperLeaseStore:
@@ -59,5 +57,5 @@ def open_zookeeper_store(config: StoreConfig) -> ZooKeeperLeaseStore:
     from sidecar.backends.zookeeper.client import ZooKeeperLeaseStore
 
     return ZooKeeperLeaseStore(
-        parse_target(config.store), config.lease, request_timeout=config.timing.request_timeout
+        target_of(config), config.lease, request_timeout=config.timing.request_timeout
     )

@@ -84,6 +84,7 @@ class ZooKeeperConnection:
             on_connected=self._connected,
             auth=(("digest", digest),) if digest is not None else (),
             describe=target.describe(),
+            ssl=target.ssl_context(),
         )
         # Bumped on every connection after the first: what was seen before may have been
         # missed since (a disconnect) or forgotten by the ensemble (a restore). Part of every

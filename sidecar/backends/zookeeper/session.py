@@ -26,9 +26,13 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from sidecar.backends.zookeeper import jute
 from sidecar.logs import log
+
+if TYPE_CHECKING:
+    import ssl as ssl_module
 
 logger = logging.getLogger("sidecar.zookeeper")
 
@@ -66,6 +70,7 @@ class ZkSession:
         on_connected: ConnectedHandler,
         auth: Sequence[tuple[str, bytes]] = (),
         describe: str = "zookeeper",
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         self.hosts = list(hosts)
         random.shuffle(self.hosts)  # sidecars spread over the ensemble
@@ -75,6 +80,7 @@ class ZkSession:
         self.on_connected = on_connected
         self.auth = list(auth)
         self.describe = describe
+        self.ssl = ssl  # the servers' secure client port (zookeepers://)
         self.session_id = 0
         self.password = b"\0" * 16
         self.last_zxid = 0
@@ -174,7 +180,7 @@ class ZkSession:
     async def _serve(self, host: str, port: int) -> None:
         connect_timeout = max(0.5, min(self.request_timeout, self.session_timeout / 2))
         async with asyncio.timeout(connect_timeout):
-            stream, writer = await asyncio.open_connection(host, port)
+            stream, writer = await asyncio.open_connection(host, port, ssl=self.ssl)
         try:
             async with asyncio.timeout(connect_timeout):
                 request = (
