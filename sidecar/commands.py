@@ -33,7 +33,7 @@ from sidecar.backends.records import MAX_LEASE_SECONDS
 from sidecar.config import OPTIONS, Config, load
 from sidecar.config_error import ConfigError
 from sidecar.hold import DEFAULT_HOLD, HoldRefused, default_who, hold, parse_hold, resume
-from sidecar.options import Option, Parser, add_options, parse_duration
+from sidecar.options import HelpFormatter, Option, Parser, add_options, parse_duration
 from sidecar.redact import redact_url, terminal_text
 from sidecar.release_guard import RELEASE_HEADER
 
@@ -234,7 +234,7 @@ def status_parser() -> argparse.ArgumentParser:
         description="Print, per lease, the holder, term, state and age of the last renewal, and\n"
         "the group's candidates, read from the store itself (no sidecar is asked).",
         epilog=_STATUS_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "-o",
@@ -253,7 +253,7 @@ def transfer_parser() -> argparse.ArgumentParser:
         description="Ask the sidecar on this host (POST /leader/transfer) to hand its lease(s) to\n"
         "another replica now.",
         epilog=_TRANSFER_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--to",
@@ -321,7 +321,7 @@ def hold_parser() -> argparse.ArgumentParser:
         description="Stop the job fleet-wide: every sidecar of the lease(s) answers 503 and "
         "nobody\ntakes the lease until `leader-sidecar resume` or --for passes.",
         epilog=_HOLD_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--for",
@@ -342,7 +342,7 @@ def resume_parser() -> argparse.ArgumentParser:
         prog="leader-sidecar resume",
         description="End a hold set by `leader-sidecar hold`.",
         epilog=_RESUME_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_options(parser, status_options())
     return parser

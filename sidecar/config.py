@@ -29,6 +29,7 @@ from sidecar.limits import DEFAULT_LIMITS, Limits
 from sidecar.options import (
     ENV_PREFIX,
     MAX_LEASES,
+    HelpFormatter,
     HostPort,
     Option,
     Parser,
@@ -396,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on localhost. Every flag can also be set as LEADER_SIDECAR_<FLAG>, e.g.\n"
         "LEADER_SIDECAR_LEASE_DURATION=10s.",
         epilog=server_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_options(parser, OPTIONS)
     parser.add_argument("--version", action=VersionAction, nargs=0, help="print the version")

@@ -210,6 +210,16 @@ class Option:
         return ENV_PREFIX + self.dest.upper()
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help text at spaces only: argparse also breaks at hyphens, which split
+    ``pip install 'leader-sidecar[postgresql]'`` into two lines nobody can paste."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2), not argparse's usage block; the server's and
     every subcommand's parser."""
