@@ -434,7 +434,7 @@ class Elector:
                 if (waiting := self._waiting_for_probe(now)) is not None:
                     return self._park(now, waiting)
                 delay = await self._acquire(now)
-            # 4. A loss seen, the store holding nothing or a lower release: write it down (rule 5).
+            # 4. A loss seen, the store holding nothing or a lower term: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
                 now = self._clock.now()

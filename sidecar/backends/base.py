@@ -34,12 +34,12 @@ information for humans; they never grant.
   first renewal clears ``handed``. A store that cannot make the successor sure the write
   holds (Redis with ``WAIT``) says so in ``hands_over`` and is released to instead.
 * ``mark_lost`` writes down a loss a follower saw (the store holds no record at all, or a
-  release of a lower term, where it had shown a term): a *loss marker* with no holder, not
+  record of a lower term, where it had shown a term): a *loss marker* with no holder, not
   released, carrying the highest term the follower saw. Every replica waits it out as a loss
   and jumps its next grant above it, also one that starts after the loss and never saw the
   lease (rules 5 and 8); the holder the store forgot puts its grant back over it as over
-  nothing. It only ever goes where the store holds nothing, or a marker or a release of a
-  lower term: never over a grant.
+  nothing. It only ever goes where the store holds nothing or a record of a lower term (a
+  grant, a release or a marker), never over an operator's hold.
 * Every version is new on every write and never comes back (a random token, or Kubernetes'
   resourceVersion), so "the same version" means "nothing was written in between".
 * A `StoreClient` that can renew many leases in one round trip also implements
@@ -149,14 +149,22 @@ def lost_grant(record: LeaseRecord | None, term: int) -> bool:
 
 
 def room_for_marker(record: LeaseRecord | None, term: int) -> bool:
-    """Where ``mark_lost`` may write a marker of ``term``: the store holds nothing, a loss
-    marker below it, or a release below it — never over a grant, nor a release at or above
-    it. A release below a term seen is a count that started again after a loss nobody wrote
-    down in time; left free, its releaser (or any replica that saw only that count) would
-    take it at the next term, which may be the forgotten one."""
+    """Where ``mark_lost`` may write a marker of ``term``: the store holds nothing, or a
+    record below it — a loss marker, a release or a grant; never an operator's hold (it
+    leads nothing, so its term fences nothing, and it must stay until lifted), nor a record
+    that cannot be read (a newer sidecar's, or damaged: waited out, then taken over).
+
+    A grant or a release below a term seen is a count that started again after a loss
+    nobody wrote down in time: left alone, its holder retaking its own grant, a hand-over
+    between replicas that saw only that count, or a release taken again would climb, one
+    term at a time, to a term already granted to another identity — which a fence accepts
+    twice. Its holder's token is below one its fence has seen, so it could not write anyway:
+    the marker costs it nothing but the lease, waited out before anyone takes it at a term
+    above every one seen."""
     if record is None:
         return True
-    return (record.forgotten or record.free) and record.term < term
+    readable = record.unreadable is None
+    return readable and record.term < term and not is_hold(record.holder)
 
 
 class StoreError(Exception):
@@ -264,8 +272,8 @@ class LeaseStore(Protocol):
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         """Write a loss marker of ``term`` (lease ``duration``) if the store holds no record at
-        all, a marker of a lower term or a release of a lower term (`room_for_marker`);
-        otherwise write nothing. Returns what the store
+        all or a record of a lower term that is no hold (`room_for_marker`); otherwise write
+        nothing. Returns what the store
         holds afterwards. Raises `StoreUnavailable`."""
         ...
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sidecar.backends.base import (
+    HOLD_HOLDER,
     Conflict,
     FollowsByCall,
     LeaseHeld,
@@ -266,14 +267,15 @@ async def test_a_holder_the_store_forgot_puts_its_grant_back(harness: StoreHarne
     assert taken.term == granted.term + 1
 
 
-async def test_a_loss_marker_goes_only_where_the_store_holds_nothing(
+async def test_a_loss_marker_goes_only_where_the_store_holds_nothing_or_a_lower_term(
     harness: StoreHarness,
 ) -> None:
     """``mark_lost`` writes a record with no holder, not released, at the term the follower
-    saw — on an empty store, or over a lower marker — and never over anything else."""
+    saw — on an empty store, or over a lower marker — and never over a record of its term or
+    above."""
     a, b = harness.new_store(), harness.new_store()
     granted = await take(a, "a_1")
-    assert await b.mark_lost(granted.term + 5, LEASE) == await b.read()  # held: untouched
+    assert await b.mark_lost(granted.term, LEASE) == await b.read()  # not below: untouched
     current = await b.read()
     assert current is not None
     assert current.holder == "a_1"
@@ -292,6 +294,34 @@ async def test_a_loss_marker_goes_only_where_the_store_holds_nothing(
     assert higher.version != marker.version
     with pytest.raises(NotOwned):
         await a.release("a_1", granted.term)
+
+
+async def test_a_loss_marker_goes_over_a_grant_below_its_term(harness: StoreHarness) -> None:
+    """A grant below the term a follower saw is a count that started again after a loss: its
+    holder's token is one a fence has already seen. The marker replaces it; the holder's next
+    renewal is refused, and the next grant is above the marker's term."""
+    a, b = harness.new_store(), harness.new_store()
+    granted = await take(a, "a_1")
+    marker = await b.mark_lost(granted.term + 5, LEASE)
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.forgotten) == (None, granted.term + 5, True)
+    assert (marker.released, marker.successor, marker.free) == (False, None, False)
+    assert await a.read() == marker
+    with pytest.raises((NotOwned, Conflict)):
+        await a.renew("a_1", granted.term, LEASE)
+    taken = await a.try_acquire("b_1", LEASE, 0, expected=marker.version)
+    assert taken.term > granted.term + 5
+
+
+async def test_a_loss_marker_never_goes_over_an_operators_hold(harness: StoreHarness) -> None:
+    """A hold leads nothing (its term fences nothing) and must stay until it is lifted."""
+    a, b = harness.new_store(), harness.new_store()
+    for holder in (HOLD_HOLDER, f"{HOLD_HOLDER} by alice"):
+        current = await a.read()
+        held = await a.try_acquire(holder, LEASE, 0, expected=current.version if current else None)
+        assert await b.mark_lost(held.term + 5, LEASE) == held
+        assert await a.read() == held
+        await a.release(holder, held.term)
 
 
 async def test_a_loss_marker_goes_over_a_release_below_its_term(harness: StoreHarness) -> None:

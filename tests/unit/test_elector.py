@@ -355,10 +355,7 @@ async def test_a_release_below_a_term_seen_is_written_over_by_a_loss_marker(worl
     z = world.elector("z")
     await z.step()
     assert (z.status().leader, z.status().term) == (True, 1)  # blind: the documented limit
-    k.on_watch(world.state.record())
-    await k.step()
-    assert not k.status().leader
-    assert await z.release()
+    assert await z.release()  # before k sees z's grant (that it would write over: below)
     released = world.state.record()
     assert released is not None
     assert (released.released, released.term) == (True, 1)
@@ -378,6 +375,44 @@ async def test_a_release_below_a_term_seen_is_written_over_by_a_loss_marker(worl
     attempt = z.view.next_attempt(world.clock.now())
     assert attempt.why == "lost"
     assert attempt.min_term > 2 + LOSS_TERM_GAP - 1
+
+
+async def test_a_grant_below_a_term_seen_is_written_over_and_its_count_cannot_climb_back(
+    world: World,
+) -> None:
+    """The store forgot x's grant of term 2 unseen, and z, starting just then, granted term 1
+    again (the documented limit: it saw nothing). Left alone, z's count climbs through its own
+    grants — a renewal it gave up on and took back, a release it took again — to term 2,
+    which a fence already accepted from x. k saw term 2: it writes that term down over z's
+    lower grant at once, z's next renewal is refused and it stops, and the next grant, by
+    anyone, is above every term seen."""
+    wall = world.clock.wall()
+    world.state.row = _Row("x_9999", 2, 10.0, world.state.next_version(), False, wall, wall)
+    k = world.elector("k")
+    await k.step()  # k saw term 2, granted to x
+    world.state.delete()  # unseen: no watch event reaches k
+    z = world.elector("z")
+    await z.step()
+    assert (z.status().leader, z.status().term) == (True, 1)  # blind: the documented limit
+    k.on_watch(world.state.record())  # a lower term: a loss, and a grant below the term seen
+    assert k._next_attempt <= world.clock.now() + 0.05  # within its herd jitter
+    await k.step()
+    marker = world.state.record()
+    assert marker is not None
+    assert (marker.holder, marker.term, marker.forgotten) == (None, 2, True)
+    assert not k.status().leader
+    world.clock.advance(TIMING.renew_interval)
+    await z.step()  # its renewal finds the marker of a term above its own
+    assert not z.status().leader
+    assert world.state.record() == marker
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    for elector in (z, k):
+        elector.on_watch(marker)
+        await elector.step()
+    held = world.state.record()
+    assert held is not None
+    assert held.holder in ("z_0000", "k_0000")
+    assert held.term > 2 + LOSS_TERM_GAP - 1, "a term at or below one seen granted again"
 
 
 async def test_after_a_store_reset_nobody_leads_until_the_old_holder_must_have_stopped(
@@ -480,11 +515,12 @@ async def test_case1_a_second_rollback_hidden_by_an_outage_is_waited_out_too(
     world: World,
 ) -> None:
     """As below, but the store rolls back to an older grant (a failover to a replica that
-    missed writes) and, the second time, shows c exactly the version it saw the first time: no
-    loss marker goes over a record, and nothing looks changed. Only the failed request tells c
-    that the store may have lost a grant meanwhile (b's): it must wait again, not take it."""
+    missed writes) and, the second time, shows c exactly the version it saw the first time:
+    nothing looks changed. Only the failed request tells c that the store may have lost a
+    grant meanwhile (b's): it must wait again, not take it (it writes the term it saw down over
+    the old grant instead)."""
     a, b, d = world.elector("a"), world.elector("b"), world.elector("d")
-    c = world.elector("c", {"acquire", "read"})
+    c = world.elector("c", {"acquire", "read", "mark_lost"})
     await a.step()
     old_grant = dataclasses.replace(world.state.row)  # term 1, as the stale replica has it
     await a.release()

@@ -10,7 +10,7 @@ from datetime import datetime
 import asyncpg
 
 from sidecar.backends import records
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.base import HOLD_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
 from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.postgresql import schema
@@ -128,7 +128,9 @@ class PostgresLease:
         raise NotOwned(f"not held by {identity} with term {term}", current)
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
-        written = await self._fetch(schema.MARK_LOST, term, duration, new_version(), self._wall())
+        written = await self._fetch(
+            schema.MARK_LOST, term, duration, new_version(), self._wall(), HOLD_HOLDER
+        )
         return written if written is not None else await self.read()
 
     async def watch(self) -> AsyncIterator[LeaseRecord | None]:

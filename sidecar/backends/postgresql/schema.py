@@ -365,15 +365,19 @@ SELECT {COLUMNS} FROM granted
 """
 
 # Write down a loss a follower saw (the contract's ``mark_lost``): only where there is no row,
-# or a marker or a release of a lower term; never over a grant.
-# $2 term, $3 duration, $4 new version, $5 wall time.
+# or a row of a lower term that is no operator's hold. Over a grant, the fence refuses its
+# holder at once (the row's holder is NULL).
+# $2 term, $3 duration, $4 new version, $5 wall time, $6 the holder of an operator's hold.
 MARK_LOST = f"""
 INSERT INTO {SCHEMA}.leases AS l (name, holder, term, duration, version, released, renewed_at)
 VALUES ($1, NULL, $2, $3, $4, false, $5)
 ON CONFLICT (name) DO UPDATE
-SET term = excluded.term, duration = excluded.duration, version = excluded.version,
-    renewed_at = excluded.renewed_at, released = false, successor = NULL, handed = NULL
-WHERE l.holder IS NULL AND l.term < excluded.term
+SET holder = NULL, term = excluded.term, duration = excluded.duration,
+    version = excluded.version, acquired_at = NULL, renewed_at = excluded.renewed_at,
+    released = false, successor = NULL, handed = NULL
+WHERE l.term < excluded.term
+  AND (l.holder IS NULL
+       OR NOT (l.holder = $6::text OR left(l.holder, length($6::text) + 1) = $6::text || ' '))
 RETURNING {COLUMNS}
 """
 

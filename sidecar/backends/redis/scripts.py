@@ -304,23 +304,27 @@ return {0, current, counter}
 """
 )
 
-# Mark a loss (a follower saw the store hold nothing, or a release of a lower term, where it
-# had shown a term).
-# KEYS[1] holder key, KEYS[2] term counter. ARGV[1] the term seen, ARGV[2] event channel.
-# Only while there is no holder key, or one holding a release below the term, and the counter
-# is below the term: deletes the release, raises the counter to the term, which is the marker
-# — the "absent.<counter>" record above — and publishes it.
+# Mark a loss (a follower saw the store hold nothing, or a grant or a release of a lower term,
+# where it had shown a term).
+# KEYS[1] holder key, KEYS[2] term counter. ARGV[1] the term seen, ARGV[2] event channel,
+# ARGV[3] the holder of an operator's hold.
+# Only while there is no holder key, or one holding a grant (no hold) or a release below the
+# term, and the counter is below the term: deletes that record, raises the counter to the
+# term, which is the marker — the "absent.<counter>" record above — and publishes it.
 # Returns {1, nil, counter} or {0, current value | nil, counter | nil}.
 MARK_LOST = (
     _HELPERS
     + """
+local function is_hold(holder)
+  return type(holder) == 'string'
+         and (holder == ARGV[3] or string.sub(holder, 1, #ARGV[3] + 1) == ARGV[3] .. ' ')
+end
 local current = redis.call('GET', KEYS[1])
 local counter = redis.call('GET', KEYS[2])
 local seen = tonumber(ARGV[1])
 if current then
   local held = decoded(current)
-  if not (held and held.released == true and held.holder == nil
-          and term_of(held.term) < seen) then
+  if not (held and term_of(held.term) < seen and not is_hold(held.holder)) then
     return {0, current, counter}
   end
 end

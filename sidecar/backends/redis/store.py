@@ -12,7 +12,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sidecar.backends.base import LeaseHeld, LeaseRecord, NotOwned, StoreError
+from sidecar.backends.base import HOLD_HOLDER, LeaseHeld, LeaseRecord, NotOwned, StoreError
 from sidecar.backends.kit.backoff import Backoff
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.redis.connection import RedisConnection, ms
@@ -190,7 +190,7 @@ class RedisLease:
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
         async def work() -> LeaseRecord | None:
             async with self.client.borrowed() as conn:
-                args: list[str | int] = [term, self._channel]
+                args: list[str | int] = [term, self._channel, HOLD_HOLDER]
                 reply = await self.client.mark_lost_script(
                     keys=self._keys(), args=args, client=conn
                 )

@@ -6,7 +6,14 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.base import LOST_HOLDER, LeaseHeld, LeaseRecord, NotOwned, lost_grant
+from sidecar.backends.base import (
+    HOLD_HOLDER,
+    LOST_HOLDER,
+    LeaseHeld,
+    LeaseRecord,
+    NotOwned,
+    lost_grant,
+)
 from sidecar.backends.kit.subscription import Subscription
 from sidecar.backends.records import MAX_TERM, check_term
 from sidecar.backends.sqlite.schema import (
@@ -97,7 +104,9 @@ class SQLiteLease:
         return written
 
     async def mark_lost(self, term: int, duration: float) -> LeaseRecord | None:
-        params = self._params(lost=LOST_HOLDER, term=term, duration=duration, wall=self._wall())
+        params = self._params(
+            lost=LOST_HOLDER, hold=HOLD_HOLDER, term=term, duration=duration, wall=self._wall()
+        )
 
         def mark(conn: sqlite3.Connection) -> LeaseRecord | None:
             with transaction(conn):

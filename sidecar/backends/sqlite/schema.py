@@ -116,8 +116,8 @@ RETURNING {COLUMNS}
 """
 
 # Write down a loss a follower saw (see the contract's ``mark_lost``): only where there is no
-# row, or a marker or a release of a lower term. Stored under `LOST_HOLDER` (a NULL holder
-# means released).
+# row, or a row of a lower term that is no operator's hold (:hold). Stored under `LOST_HOLDER`
+# (a NULL holder means released).
 MARK_LOST = f"""
 INSERT INTO leases (name, holder, term, duration, expires_at, boot_id, version,
                     acquired_at, renewed_at, successor)
@@ -126,11 +126,15 @@ ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder,
     term = excluded.term,
     duration = excluded.duration,
+    expires_at = excluded.expires_at,
     version = excluded.version,
+    acquired_at = excluded.acquired_at,
     renewed_at = excluded.renewed_at,
     successor = NULL,
     handed = NULL
-WHERE (leases.holder = :lost OR leases.holder IS NULL) AND leases.term < excluded.term
+WHERE leases.term < excluded.term
+  AND NOT (coalesce(leases.holder, '') = :hold
+           OR substr(coalesce(leases.holder, ''), 1, length(:hold) + 1) = :hold || ' ')
 RETURNING {COLUMNS}
 """
 
