@@ -7,7 +7,7 @@ built on it makes them.
 Znodes, under the chroot of the ``--store`` URL:
 
 * ``CHROOT/leases/NAME`` — one per lease; its data the JSON value the etcd store writes too
-  (`sidecar.backends.etcd.records`: holder, term, duration, a random version, stamps).
+  (`sidecar.backends.kit.lease_json`: holder, term, duration, a random version, stamps).
 * ``CHROOT/candidates/GROUP/IDENTITY`` — one per candidate of a group (`candidates`).
 
 Every write is conditional on the znode's data version as this client last saw it (a
@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
-from sidecar.backends.etcd.records import decode_record
 from sidecar.backends.kit import versions
 from sidecar.backends.kit.guard import Guard
+from sidecar.backends.kit.lease_json import decode_record
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ConnectionLost, ZkError, ZkSession
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
