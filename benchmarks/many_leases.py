@@ -6,12 +6,14 @@ stay led.
     python -m benchmarks.many_leases --leases 1000 --replicas 3 --metrics-per-lease  # both shapes
     python -m benchmarks.many_leases --stores sqlite,redis --leases 1000 --replicas 3 --runs 10
     python -m benchmarks.many_leases --stores kubernetes --leases 100,1000 --replicas 3
+    python -m benchmarks.many_leases --stores zookeeper,redis --leases 1000 --replicas 3
 
 Each case starts ``--replicas`` real ``python -m sidecar`` processes at once (as a Deployment
 does) with ``--lease l --shards N`` and the default timing (lease 15 s, renew every 5 s;
 ``--lease-duration`` sets another lease), on a fresh store (one SQLite file; one
-``redis-server``; or the fake Kubernetes API server of ``tests/fakekube`` in its own process, a
-pod per replica). ``--runs`` repeats each case, each run on a fresh store, and ends with how
+``redis-server``; one standalone ZooKeeper server of ``tests/zookeeper/servers.py``; or the
+fake Kubernetes API server of ``tests/fakekube`` in its own process, a pod per replica).
+``--runs`` repeats each case, each run on a fresh store, and ends with how
 many runs reached all led and balanced without a lease lost (no ``deadline`` or ``lost``
 demotion, no renewal-gap alert). Measured per replica:
 
@@ -155,6 +157,15 @@ def store_url(kind: str, workdir: Path, replicas: int) -> Iterator[tuple[str, li
             )
         finally:
             fake.stop()
+        return
+    if kind == "zookeeper":
+        from tests.zookeeper.servers import Standalone
+
+        zookeeper = Standalone.start(workdir)
+        try:
+            yield zookeeper.url("/many-leases"), [[] for _ in range(replicas)]
+        finally:
+            zookeeper.kill()
         return
     from tests.redis.servers import RedisServer
 
