@@ -6,12 +6,14 @@ stay led.
     python -m benchmarks.many_leases --leases 1000 --replicas 3 --metrics-per-lease  # both shapes
     python -m benchmarks.many_leases --stores sqlite,redis --leases 1000 --replicas 3 --runs 10
     python -m benchmarks.many_leases --stores kubernetes --leases 100,1000 --replicas 3
+    python -m benchmarks.many_leases --stores zookeeper,redis --leases 1000 --replicas 3
 
 Each case starts ``--replicas`` real ``python -m sidecar`` processes at once (as a Deployment
 does) with ``--lease l --shards N`` and the default timing (lease 15 s, renew every 5 s;
 ``--lease-duration`` sets another lease), on a fresh store (one SQLite file; one
-``redis-server``; or the fake Kubernetes API server of ``tests/fakekube`` in its own process, a
-pod per replica). ``--runs`` repeats each case, each run on a fresh store, and ends with how
+``redis-server``; one standalone ZooKeeper server of ``tests/zookeeper/servers.py``; or the
+fake Kubernetes API server of ``tests/fakekube`` in its own process, a pod per replica).
+``--runs`` repeats each case, each run on a fresh store, and ends with how
 many runs reached all led and balanced without a lease lost (no ``deadline`` or ``lost``
 demotion, no renewal-gap alert). Measured per replica:
 
@@ -23,6 +25,8 @@ demotion, no renewal-gap alert). Measured per replica:
   window, each scrape timed at its middle), **CPU %** of one core (``utime + stime`` from
   ``/proc/<pid>/stat``), **RSS** (``VmRSS`` at the end), and what one scrape of its
   ``/metrics`` costs Prometheus at the end: **series** (samples in the exposition) and **KB**;
+  on ZooKeeper also the packets the server received per second in the window from all the
+  replicas (``mntr``), printed with the operations: the followers' reads and the pings;
 - **health** over the whole run: ``leader_sidecar_demotions_total`` by reason (``released``
   is the balancer handing leases to a replica that joined; anything else is a lease lost),
   ``leader_sidecar_renewal_gap_over_half_lease_total``, and any ``/leases`` poll during the
@@ -83,6 +87,9 @@ class Case:
     gap_alerts_window: float = 0
     unled_polls: int = 0
     polls: int = 0
+    # ZooKeeper: packets the server received per second in the window, from every replica
+    # (its ``mntr``): the follower reads and pings the sidecars' own counter leaves out.
+    server_packets: float | None = None
     min_led: int | None = None
     failed: str = ""
 
@@ -156,6 +163,15 @@ def store_url(kind: str, workdir: Path, replicas: int) -> Iterator[tuple[str, li
         finally:
             fake.stop()
         return
+    if kind == "zookeeper":
+        from tests.zookeeper.servers import Standalone
+
+        zookeeper = Standalone.start(workdir)
+        try:
+            yield zookeeper.url("/many-leases"), [[] for _ in range(replicas)]
+        finally:
+            zookeeper.kill()
+        return
     from tests.redis.servers import RedisServer
 
     server = RedisServer.start(workdir)
@@ -163,6 +179,20 @@ def store_url(kind: str, workdir: Path, replicas: int) -> Iterator[tuple[str, li
         yield server.url, [[] for _ in range(replicas)]
     finally:
         server.stop()
+
+
+def server_packets(store: str, url: str) -> int | None:
+    """The packets a ZooKeeper server has received so far (``mntr``); None for other stores."""
+    if store != "zookeeper":
+        return None
+    from tests.zookeeper.servers import four_letter
+
+    port = int(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    for line in four_letter(port, "mntr").splitlines():
+        name, _, value = line.partition("\t")
+        if name == "zk_packets_received":
+            return int(value)
+    return None
 
 
 async def run_case(
@@ -212,6 +242,7 @@ async def run_case(
                 await asyncio.sleep(max(0.25, case.leases / 2000))
             await asyncio.sleep(5)
             before = [await metrics(session, r) for r in replicas]
+            packets0 = (time.monotonic(), server_packets(case.store, url))
             cpu0 = [cpu_seconds(r.proc.pid) for r in replicas]
             t0 = time.monotonic()
             end = t0 + window
@@ -223,6 +254,9 @@ async def run_case(
                 case.unled_polls += led < case.leases
                 case.min_led = led if case.min_led is None else min(case.min_led, led)
             cpu1 = [cpu_seconds(r.proc.pid) for r in replicas]
+            packets1 = (time.monotonic(), server_packets(case.store, url))
+            if packets0[1] is not None and packets1[1] is not None:
+                case.server_packets = (packets1[1] - packets0[1]) / (packets1[0] - packets0[0])
             elapsed = time.monotonic() - t0
             after = [await metrics(session, r) for r in replicas]
             name = "leader_sidecar_store_requests_total"
@@ -321,6 +355,8 @@ async def main() -> None:
                             options.lease_duration,
                         )
                         ops = {k: round(v, 1) for k, v in sorted(case.by_op.items()) if v}
+                        if case.server_packets is not None:
+                            ops["server packets received"] = round(case.server_packets, 1)
                         print(
                             f"[{time.strftime('%H:%M:%S')}] {row(case)} requests/s by "
                             f"op:outcome, all replicas: {ops}",

@@ -446,7 +446,9 @@ class RenewsMany(Protocol):
       PostgreSQL: one statement (e.g. ``UPDATE … FROM unnest(…)`` with the restore and the
       read of what is there in CTEs). etcd: one ``Txn`` whose ``Then`` holds one nested
       ``Txn`` per lease (etcd ≥ 3.3) — a flat ``Txn``'s compares are all-or-nothing, and the
-      entries must not be (below). A store that cannot do this does not implement the
+      entries must not be (below). ZooKeeper: one ``multi`` of a versioned ``setData`` per
+      lease; a ``multi`` *is* all-or-nothing, so the lease whose write failed answers on its
+      own and the others go again. A store that cannot do this does not implement the
       protocol; the caller then renews each lease with its own request.
     * **Each entry exactly as its own ``renew``** would have answered at that moment, checked
       and written atomically at the store per lease (rule 1): the renewed record (a new

@@ -35,8 +35,9 @@ def renewed(outcome: RenewalOutcome) -> LeaseRecord:
 
 
 async def requests_of(harness: StoreHarness, client: StoreClient) -> int:
-    """Requests ``client`` has sent that write (SQLite: write transactions) or run a script
-    (Redis: EVALSHA/EVAL, counted by the server; memory: batch calls)."""
+    """Requests ``client`` has sent that write (SQLite: write transactions; etcd: ``Txn``s;
+    ZooKeeper: writes and ``multi``s) or run a script (Redis: EVALSHA/EVAL, counted by the
+    server; memory: batch calls)."""
     from sidecar.backends.memory import MemoryStoreClient
     from sidecar.backends.sqlite import SQLiteStoreClient
 
@@ -47,6 +48,10 @@ async def requests_of(harness: StoreHarness, client: StoreClient) -> int:
     from sidecar.backends.etcd import EtcdStoreClient
 
     if isinstance(client, EtcdStoreClient):
+        return client.writes
+    from sidecar.backends.zookeeper import ZooKeeperStoreClient
+
+    if isinstance(client, ZooKeeperStoreClient):
         return client.writes
     from sidecar.backends.postgresql import PostgresStoreClient
 

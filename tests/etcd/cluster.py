@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,23 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.redis.servers import TlsFiles
+from tests.support.ports import free_ports
 from tests.support.tools import require_binary
 
 READY_TIMEOUT = 20.0
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (held open together, so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class Member:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_ports
 from tests.support.tools import require_binary
 
 READY_TIMEOUT = 30.0
@@ -42,20 +43,6 @@ TICK_MS = 100
 # server a log (without a binding it logs nothing at all), at WARN to keep it short.
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
 HEAP = "128m"
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (held open together, so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def four_letter(port: int, word: str, timeout: float = 1.0) -> str:

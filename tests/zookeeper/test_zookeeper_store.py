@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from sidecar.backends.base import LeaseRecord, StoreUnavailable
+from sidecar.backends.base import LeaseRecord, NotOwned, Renewal, StoreUnavailable
+from sidecar.backends.zookeeper import client as zookeeper_client
+from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
 from sidecar.backends.zookeeper.target import parse_target
 from sidecar.config_error import ConfigError
@@ -174,3 +176,58 @@ def test_the_password_is_not_shown() -> None:
     target = parse_target("zookeeper://app:s3cret@zk1/x")
     assert target.digest == b"app:s3cret"
     assert "s3cret" not in target.describe()
+
+
+async def test_a_batch_whose_multi_fails_gives_each_lease_its_own_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``multi`` is all or nothing and tells which ``setData`` failed first: that lease
+    answers as its own ``renew`` would, and the others go again in the next ``multi`` (two
+    leases taken over under the batch: three ``multi``s). A ``multi`` stays under its size
+    limit: a small limit splits the batch, and every lease still renews once."""
+    server = shared_standalone()
+    url = server.url(fresh_chroot("batch"))
+    client = ZooKeeperStoreClient(parse_target(url), request_timeout=5.0)
+    other = ZooKeeperStoreClient(parse_target(url), request_timeout=5.0)
+    try:
+        names = [f"l{i}" for i in range(6)]
+        grants = [await client.lease(n).try_acquire("a_1", LEASE, 0, expected=None) for n in names]
+        stolen = {
+            i: await other.lease(names[i]).try_acquire("b_1", LEASE, 0, expected=grants[i].version)
+            for i in (2, 4)
+        }
+        calls: list[int] = []
+        multi = client.multi
+
+        async def counted(what: str, ops: list[tuple[int, jute.Writer]]) -> list[jute.MultiResult]:
+            calls.append(len(ops))
+            return await multi(what, ops)
+
+        monkeypatch.setattr(client, "multi", counted)
+        renewals = [Renewal(n, "a_1", g.term, LEASE) for n, g in zip(names, grants, strict=True)]
+        outcomes = await client.renew_many(renewals)
+        assert calls == [6, 5, 4]
+        for index, outcome in enumerate(outcomes):
+            if index in stolen:
+                assert isinstance(outcome, NotOwned), outcome
+                assert outcome.record is not None
+                assert (outcome.record.holder, outcome.record.term) == ("b_1", stolen[index].term)
+            else:
+                assert isinstance(outcome, LeaseRecord), outcome
+                assert (outcome.holder, outcome.term) == ("a_1", grants[index].term)
+                assert outcome.version != grants[index].version
+        for index, taken in stolen.items():
+            after = await other.lease(names[index]).read()
+            assert after is not None
+            assert after.version == taken.version
+
+        calls.clear()
+        monkeypatch.setattr(zookeeper_client, "MAX_MULTI_BYTES", 600)
+        kept = [renewal for index, renewal in enumerate(renewals) if index not in stolen]
+        again = await client.renew_many(kept)
+        assert all(isinstance(outcome, LeaseRecord) for outcome in again), again
+        assert len(calls) > 1
+        assert sum(calls) == len(kept)
+    finally:
+        await client.close()
+        await other.close()

@@ -28,12 +28,12 @@ from sidecar.backends.etcd.api import b64
 from sidecar.backends.etcd.records import (
     KeyValue,
     candidates_prefix,
-    encode,
     range_end,
     range_op,
 )
 from sidecar.backends.kit import candidate_json
 from sidecar.backends.kit.candidate_json import candidate_object
+from sidecar.backends.kit.lease_json import encode
 from sidecar.backends.kit.versions import new_version
 from sidecar.logs import log
 

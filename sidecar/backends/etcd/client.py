@@ -17,11 +17,11 @@ from sidecar.backends.etcd.records import (
     lease_key,
     put_op,
     range_op,
-    renewal_value,
     same_as,
 )
 from sidecar.backends.etcd.store import EtcdLease
 from sidecar.backends.etcd.target import EtcdTarget
+from sidecar.backends.kit.lease_json import renewal_value
 
 RENEW_ROUNDS = 3
 

@@ -18,7 +18,6 @@ from sidecar.backends.base import (
 from sidecar.backends.etcd.api import EtcdApi, EtcdError, unavailable
 from sidecar.backends.etcd.records import (
     KeyValue,
-    decode_record,
     lease_key,
     put_op,
     range_end,
@@ -29,6 +28,7 @@ from sidecar.backends.etcd.target import EtcdTarget
 from sidecar.backends.etcd.watch import WatchHub
 from sidecar.backends.kit import versions
 from sidecar.backends.kit.guard import Guard
+from sidecar.backends.kit.lease_json import decode_record
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
 from sidecar.supervisor import Supervisor

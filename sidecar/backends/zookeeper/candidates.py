@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 
 from sidecar.backends import records
 from sidecar.backends.base import Candidate, StoreError
-from sidecar.backends.etcd.records import encode
 from sidecar.backends.kit import candidate_json
 from sidecar.backends.kit.candidate_json import candidate_object
+from sidecar.backends.kit.lease_json import encode
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ZkError

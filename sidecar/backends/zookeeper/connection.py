@@ -7,7 +7,7 @@ built on it makes them.
 Znodes, under the chroot of the ``--store`` URL:
 
 * ``CHROOT/leases/NAME`` — one per lease; its data the JSON value the etcd store writes too
-  (`sidecar.backends.etcd.records`: holder, term, duration, a random version, stamps).
+  (`sidecar.backends.kit.lease_json`: holder, term, duration, a random version, stamps).
 * ``CHROOT/candidates/GROUP/IDENTITY`` — one per candidate of a group (`candidates`).
 
 Every write is conditional on the znode's data version as this client last saw it (a
@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from sidecar.backends.base import LeaseRecord, StoreUnavailable
-from sidecar.backends.etcd.records import decode_record
 from sidecar.backends.kit import versions
 from sidecar.backends.kit.guard import Guard
+from sidecar.backends.kit.lease_json import decode_record
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.session import ConnectionLost, ZkError, ZkSession
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
@@ -225,8 +225,7 @@ class ZooKeeperConnection:
             node = None
         else:
             node = Node(answer.buffer() or b"", answer.stat())
-        if epoch == self.epoch:
-            self.seen[path] = node
+        self.saw(path, node, epoch)
         return node
 
     async def children(self, path: str) -> list[str]:
@@ -277,9 +276,26 @@ class ZooKeeperConnection:
                 raise
             return False, await self.read(path)
         node = Node(data, answer.stat())
+        self.saw(path, node, epoch)
+        return True, node
+
+    async def multi(
+        self, what: str, ops: Sequence[tuple[int, jute.Writer]]
+    ) -> list[jute.MultiResult]:
+        """``ops`` (opcode, body) all or none, in one request: each one's result. When one
+        fails, nothing is written: the first that failed carries its error, those before it
+        `jute.OK`, those after it `jute.RUNTIME_INCONSISTENCY` (not tried)."""
+        self.writes += 1
+        results = jute.read_multi(await self.call(jute.MULTI, jute.multi(ops), what))
+        if len(results) != len(ops):
+            raise self.fail("error", f"a multi of {len(ops)} answered {len(results)}")
+        return results
+
+    def saw(self, path: str, node: Node | None, epoch: int) -> None:
+        """Remember ``node`` as what ``path`` holds, unless the connection changed since
+        ``epoch`` (what this client saw is forgotten on every connection)."""
         if epoch == self.epoch:
             self.seen[path] = node
-        return True, node
 
     async def delete(self, path: str, version: int = -1) -> bool:
         try:
