@@ -835,10 +835,15 @@ class OursOnZookeeper:
         return self.store.frames.last_write(self.path, moment)
 
     def reset(self) -> None:
+        """The lease, and the candidate records of replicas that are gone: the start → leader
+        trials leave ten, which the leader would read on every candidate beat until they are
+        collected (20 leases) — not the steady pool of three the other rows measure."""
         from kazoo.exceptions import NoNodeError
 
         with contextlib.suppress(NoNodeError):
             self.store.kazoo().delete(self.path)
+        with contextlib.suppress(NoNodeError):
+            self.store.kazoo().delete(f"{self.chroot}/candidates", recursive=True)
 
     def takeover(self) -> float:
         """A grant to another identity in our record format: the next term, a new version,
