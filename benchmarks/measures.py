@@ -304,10 +304,19 @@ async def split_brain_partition(pool: Pool) -> float | None:
 async def store_rates(pool: Pool, seconds: float = 1.0) -> tuple[float, list[float]]:
     """Store requests per second over one window: (the leader's, each follower's)."""
     _, leader = await pool.leader()
+    # A store with a counter of its own per replica (ZooKeeper: a proxy per replica reading
+    # the wire protocol) counts both systems alike.
+    counter = getattr(pool.system, "store_requests", None)
+
+    async def count(session: aiohttp.ClientSession, replica: Replica) -> float:
+        if counter is not None:
+            return float(counter(pool.slots[replica.name]))
+        return await _store_requests(session, replica)
+
     async with aiohttp.ClientSession() as session:
-        before = {r.name: await _store_requests(session, r) for r in pool.replicas}
+        before = {r.name: await count(session, r) for r in pool.replicas}
         await asyncio.sleep(seconds)
-        after = {r.name: await _store_requests(session, r) for r in pool.replicas}
+        after = {r.name: await count(session, r) for r in pool.replicas}
     rates = {name: (after[name] - before[name]) / seconds for name in before}
     return rates[leader.name], [v for k, v in rates.items() if k != leader.name]
 

@@ -10,8 +10,11 @@ the official elector takes): our sidecar vs the official client's elector
 Redis (one redis-server; lease 1 s, renew every 1/3 s): our sidecar vs the redis-py ``Lock``
 recipe (`benchmarks/anchors/redis_lock.py`). etcd (``--stores etcd``, not in the default set:
 three members, lease 1 s): our sidecar vs ``etcdctl elect`` (`benchmarks/anchors/etcd_elect.py`;
-its session lease is 60 s, fixed by etcdctl). Three replicas of each, real processes, polled by
-the same observer; see `benchmarks/measures.py` for what each row measures.
+its session lease is 60 s, fixed by etcdctl). ZooKeeper (``--stores zookeeper``, not in the
+default set: one standalone 3.8 server, lease 1 s): our sidecar vs kazoo's ``Election`` recipe
+(`benchmarks/anchors/kazoo_election.py`, session timeout 1 s), each replica behind a proxy
+that counts its requests (`benchmarks/zookeeper_frames.py`). Three replicas of each, real
+processes, polled by the same observer; see `benchmarks/measures.py` for what each row measures.
 """
 
 from __future__ import annotations
@@ -36,20 +39,23 @@ from benchmarks.report import Cell, Row, table
 from benchmarks.systems import (
     EtcdctlOnEtcd,
     EtcdStore,
+    KazooOnZookeeper,
     KubeStore,
     OfficialOnKube,
     OursOnEtcd,
     OursOnKube,
     OursOnPostgres,
     OursOnRedis,
+    OursOnZookeeper,
     PostgresStore,
     RecipeOnPostgres,
     RecipeOnRedis,
     RedisStore,
     System,
+    ZookeeperStore,
 )
 
-AnyStore = KubeStore | RedisStore | PostgresStore | EtcdStore
+AnyStore = KubeStore | RedisStore | PostgresStore | EtcdStore | ZookeeperStore
 
 
 def _log(message: str) -> None:
@@ -287,9 +293,13 @@ async def main_async(args: argparse.Namespace) -> str:
             elif name == "postgresql":
                 store = PostgresStore(tmp)
                 systems = (OursOnPostgres(store), RecipeOnPostgres(store))
+            elif name == "zookeeper":
+                store = ZookeeperStore(tmp)
+                systems = (OursOnZookeeper(store), KazooOnZookeeper(store))
             else:
                 raise SystemExit(
-                    f"--stores: unknown store {name!r} (kubernetes, redis, postgresql, etcd)"
+                    f"--stores: unknown store {name!r} "
+                    "(kubernetes, redis, postgresql, etcd, zookeeper)"
                 )
             try:
                 rows += await bench_store(

@@ -751,3 +751,160 @@ class EtcdctlOnEtcd:
 
     def takeover(self) -> float:
         raise NotImplementedError("etcdctl elect never looks at its key again once it has won")
+
+
+# -- ZooKeeper (one standalone server) ---------------------------------------------------------
+
+
+class ZookeeperStore:
+    """One standalone ZooKeeper 3.8 (tests/zookeeper/servers.py: ``tickTime`` 100 ms). Every
+    replica of the pools connects through a proxy of its own that reads the wire protocol
+    (`benchmarks.zookeeper_frames`): the requests each one sends, and the store's record of
+    writes (when each was answered). The start → leader trials connect to the server itself."""
+
+    name = "ZooKeeper"
+    short = "ZooKeeper"
+    lease = 1.0
+
+    def __init__(self, tmp: Path) -> None:
+        from benchmarks.zookeeper_frames import FrameProxies
+        from tests.zookeeper.servers import Standalone
+
+        self.server = Standalone.start(tmp / "zookeeper")
+        self.frames = FrameProxies(("127.0.0.1", self.server.client_port))
+        self._kazoo: Any = None
+
+    def endpoint_for(self, slot: str) -> str:
+        if slot.endswith("-start"):
+            return self.server.endpoint
+        return self.frames.endpoint(slot)
+
+    def kazoo(self) -> Any:
+        """A client in the harness (kazoo, synchronous), straight to the server."""
+        if self._kazoo is None:
+            from kazoo.client import KazooClient
+
+            self._kazoo = KazooClient(hosts=self.server.endpoint, timeout=4.0)
+            self._kazoo.start()
+        return self._kazoo
+
+    def stall(self) -> None:
+        self.server.pause()
+
+    def unstall(self) -> None:
+        self.server.resume()
+
+    def close(self) -> None:
+        for system in ("ours", "kazoo"):
+            print(f"  ZooKeeper requests by type, {system}: {dict(self.frames.ops(system))}")
+        with contextlib.suppress(Exception):
+            self.server.resume()
+        if self._kazoo is not None:
+            with contextlib.suppress(Exception):
+                self._kazoo.stop()
+                self._kazoo.close()
+        self.frames.close()
+        self.server.kill()
+
+
+class OursOnZookeeper:
+    label = "leader-sidecar"
+    ours = True
+
+    def __init__(self, store: ZookeeperStore, lease: str = "bench-ours") -> None:
+        self.store = store
+        self.lease_name = lease
+        self.chroot = f"/{lease}"
+        self.path = f"{self.chroot}/leases/{lease}"
+        self.lease = store.lease
+        self.renew = store.lease / 3
+
+    def start(self, name: str, slot: str) -> Replica:
+        endpoint = self.store.endpoint_for(f"ours-{slot}")
+        return SidecarProcess.start(
+            name,
+            f"zookeeper://{endpoint}{self.chroot}",
+            lease_duration=f"{self.lease:g}s",
+            args=["--lease", self.lease_name, "--log-level", "info"],
+        )
+
+    def store_requests(self, slot: str) -> float:
+        return self.store.frames.requests(f"ours-{slot}")
+
+    def last_write_before(self, moment: float) -> float | None:
+        return self.store.frames.last_write(self.path, moment)
+
+    def reset(self) -> None:
+        """The lease, and the candidate records of replicas that are gone: the start → leader
+        trials leave ten, which the leader would read on every candidate beat until they are
+        collected (20 leases) — not the steady pool of three the other rows measure."""
+        from kazoo.exceptions import NoNodeError
+
+        with contextlib.suppress(NoNodeError):
+            self.store.kazoo().delete(self.path)
+        with contextlib.suppress(NoNodeError):
+            self.store.kazoo().delete(f"{self.chroot}/candidates", recursive=True)
+
+    def takeover(self) -> float:
+        """A grant to another identity in our record format: the next term, a new version,
+        conditional on the znode's data version as a candidate's write is."""
+        client = self.store.kazoo()
+        for _ in range(20):
+            data, stat = client.get(self.path)
+            current = json.loads(data or b"{}")
+            stamp = datetime.now(UTC).isoformat()
+            value = {
+                "holder": f"intruder_{uuid.uuid4().hex[:8]}",
+                "term": int(current.get("term") or 0) + 1,
+                "duration_ms": int(self.lease * 1000),
+                "version": uuid.uuid4().hex[:16],
+                "acquired_at": stamp,
+                "renewed_at": stamp,
+            }
+            began = time.time()
+            try:
+                client.set(self.path, json.dumps(value).encode(), version=stat.version)
+            except Exception:  # BadVersionError: a renewal landed first; read again
+                continue
+            return began
+        raise RuntimeError("takeover: the lease kept changing")
+
+
+class KazooOnZookeeper:
+    """kazoo's ``Election`` recipe: its session timeout is its lease (1 s, as our lease); the
+    leader's session is kept alive by pings, and a crashed leader's lock znode goes when the
+    server expires that session."""
+
+    label = "kazoo Election"
+    ours = False
+    demotes_on_takeover = False  # it never looks at its own lock znode once it has won
+
+    def __init__(self, store: ZookeeperStore, path: str = "/bench-kazoo/election") -> None:
+        self.store = store
+        self.election = path
+        self.lease = store.lease  # the session timeout
+        self.renew = store.lease / 3  # kazoo pings at most every third of it (jittered)
+
+    def start(self, name: str, slot: str) -> Replica:
+        endpoint = self.store.endpoint_for(f"kazoo-{slot}")
+        args = ["--hosts", endpoint, "--path", self.election, "--timeout", f"{self.lease:g}"]
+        return AnchorProcess.start("kazoo_election", name, args)
+
+    def store_requests(self, slot: str) -> float:
+        return self.store.frames.requests(f"kazoo-{slot}")
+
+    def last_write_before(self, moment: float) -> float | None:
+        """The lock holder's session's last frame (a ping or a request) before ``moment``:
+        the server expires the session, and deletes the holder's znode, a session timeout
+        after the last frame it received."""
+        return self.store.frames.holder_last_heard(self.election, moment)
+
+    def reset(self) -> None:
+        """No contender left: a killed one's znode would stay until its session expires."""
+        from kazoo.exceptions import NoNodeError
+
+        with contextlib.suppress(NoNodeError):
+            self.store.kazoo().delete(self.election, recursive=True)
+
+    def takeover(self) -> float:
+        raise NotImplementedError("the recipe never looks at its own lock znode once it has won")
