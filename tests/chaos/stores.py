@@ -27,7 +27,7 @@ from tests.etcd.cluster import EtcdCluster
 from tests.etcd.cluster import Member as EtcdMember
 from tests.fakekube import FakeKubeProcess, write_kubeconfig
 from tests.redis.servers import RedisServer
-from tests.zookeeper.servers import Ensemble
+from tests.zookeeper.servers import Ensemble, java
 from tests.zookeeper.servers import Member as ZooKeeperMember
 
 SIDECAR_LEASE = "default"  # the sidecar's lease name outside a cluster (SQLite, Redis)
@@ -556,7 +556,13 @@ class ZooKeeperStore(QuorumStore):
         "partition_reset",
     )
 
+    def __init__(self) -> None:
+        # Empty until `start`: a start that fails (or skips: no java) stops cleanly.
+        self.proxies: dict[str, ProxyGroup] = {}
+        self.peer_proxies = {}
+
     async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        java()  # skips (fails under CI) before anything starts when the package is missing
         (directory / "zookeeper").mkdir()
         self.ensemble = Ensemble(directory / "zookeeper", 3)
         pairs: dict[str, list[TcpProxy]] = {m.name: [] for m in self.ensemble.members}
@@ -652,9 +658,11 @@ class ZooKeeperStore(QuorumStore):
     async def stop(self) -> None:
         for group in self.proxies.values():
             await group.stop()
-        await self.admin.close()
-        await self.fence.close()
-        await asyncio.to_thread(self.ensemble.stop)
+        if hasattr(self, "admin"):
+            await self.admin.close()
+            await self.fence.close()
+        if hasattr(self, "ensemble"):
+            await asyncio.to_thread(self.ensemble.stop)
         for peers in self.peer_proxies.values():
             await peers.stop()
 
