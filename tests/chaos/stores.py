@@ -564,16 +564,20 @@ class ZooKeeperStore(QuorumStore):
     async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
         java()  # skips (fails under CI) before anything starts when the package is missing
         (directory / "zookeeper").mkdir()
+        # The peer proxies listen before the members' ports are chosen: a proxy's ephemeral
+        # port can then not be one a member was given (and binds only at launch).
+        unaimed = [await TcpProxy("127.0.0.1", 0).start() for _ in range(3 * 2 * 2)]
         self.ensemble = Ensemble(directory / "zookeeper", 3)
         pairs: dict[str, list[TcpProxy]] = {m.name: [] for m in self.ensemble.members}
         for member in self.ensemble.members:
             for peer in self.ensemble.members:
                 if peer is member:
                     continue
-                quorum, election = [
-                    await TcpProxy("127.0.0.1", port, f"{member.name}-{peer.name}").start()
-                    for port in (peer.quorum_port, peer.election_port)
-                ]
+                quorum, election = unaimed.pop(), unaimed.pop()
+                quorum.upstream = ("127.0.0.1", peer.quorum_port)
+                election.upstream = ("127.0.0.1", peer.election_port)
+                quorum.name = f"{member.name}-{peer.name}-quorum"
+                election.name = f"{member.name}-{peer.name}-election"
                 member.peers[peer.myid] = (quorum.port, election.port)
                 pairs[member.name] += [quorum, election]
                 pairs[peer.name] += [quorum, election]
