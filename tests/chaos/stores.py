@@ -584,7 +584,13 @@ class ZooKeeperStore(QuorumStore):
         self.peer_proxies = {name: ProxyGroup(proxies) for name, proxies in pairs.items()}
         for member in self.ensemble.members:
             member.launch()
-        await asyncio.to_thread(self.ensemble.wait_serving)
+        try:
+            await asyncio.to_thread(self.ensemble.wait_serving)
+        except BaseException:
+            # The cluster's stop may not reach the store after a failed start: no server is
+            # left running past the test.
+            await asyncio.to_thread(self.ensemble.stop)
+            raise
         self.proxies = {
             slot: ProxyGroup(
                 [
