@@ -14,7 +14,13 @@ import aiohttp
 from tests.chaos.apps import DOWN, DOWN_WITHIN, UP, AppMode
 from tests.chaos.cluster import Cluster, Slot, lease_of
 from tests.chaos.schedule import FaultSpec
-from tests.chaos.stores import EtcdStore, KubernetesStore, PostgresStore
+from tests.chaos.stores import (
+    EtcdStore,
+    KubernetesStore,
+    PostgresStore,
+    QuorumStore,
+    ZooKeeperStore,
+)
 from tests.support.sidecars import Sample, SidecarProcess
 
 
@@ -317,7 +323,7 @@ async def late_write(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> 
     record.healed = time.time()
 
 
-# -- etcd: its members -----------------------------------------------------------------------
+# -- etcd and ZooKeeper: their members ----------------------------------------------------------
 
 
 def etcd(cluster: Cluster) -> EtcdStore:
@@ -325,20 +331,25 @@ def etcd(cluster: Cluster) -> EtcdStore:
     return cluster.store
 
 
+def quorum(cluster: Cluster) -> QuorumStore:
+    assert isinstance(cluster.store, QuorumStore)
+    return cluster.store
+
+
 async def member_sigkill(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
-    store = etcd(cluster)
+    store = quorum(cluster)
     member = await asyncio.to_thread(store.target, spec.pick)
     record.targets.append(f"member {member.name}")
     record.began = time.time()
     member.kill()
     await asyncio.sleep(spec.hold)
     await asyncio.to_thread(member.restart)
-    await asyncio.to_thread(store.cluster.wait_ready)
+    await asyncio.to_thread(store.wait_ready)
     record.healed = time.time()
 
 
 async def member_sigstop(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
-    store = etcd(cluster)
+    store = quorum(cluster)
     member = await asyncio.to_thread(store.target, spec.pick)
     record.targets.append(f"member {member.name}")
     record.began = time.time()
@@ -351,8 +362,8 @@ async def member_sigstop(cluster: Cluster, spec: FaultSpec, record: FaultRecord)
 
 
 async def quorum_lost(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
-    store = etcd(cluster)
-    lost = store.cluster.members[1:] if spec.pick < 0.5 else store.cluster.members[:2]
+    store = quorum(cluster)
+    lost = store.members[1:] if spec.pick < 0.5 else store.members[:2]
     record.targets.append("members " + ",".join(m.name for m in lost))
     record.began = time.time()
     for member in lost:
@@ -360,19 +371,32 @@ async def quorum_lost(cluster: Cluster, spec: FaultSpec, record: FaultRecord) ->
     await asyncio.sleep(spec.hold)
     for member in lost:
         await asyncio.to_thread(member.restart)
-    await asyncio.to_thread(store.cluster.wait_ready)
+    await asyncio.to_thread(store.wait_ready)
     record.healed = time.time()
 
 
 async def member_partition(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
-    store = etcd(cluster)
-    member = store.cluster.members[0]
+    store = quorum(cluster)
+    member = await asyncio.to_thread(store.cut_off_target, spec.pick)
     proxy = store.peer_proxies[member.name]
     record.targets.append(f"member {member.name} cut off from its peers")
     record.began = time.time()
     proxy.set_mode("blackhole" if spec.pick < 0.5 else "reset")
     await asyncio.sleep(spec.hold)
     proxy.set_mode("open")
+    record.healed = time.time()
+
+
+def zookeeper(cluster: Cluster) -> ZooKeeperStore:
+    assert isinstance(cluster.store, ZooKeeperStore)
+    return cluster.store
+
+
+async def ensemble_restart(cluster: Cluster, spec: FaultSpec, record: FaultRecord) -> None:
+    """Every member killed at once, down for the hold, then started again on its data (a
+    power cut of the whole ensemble): nothing is lost, the leader must demote meanwhile."""
+    record.began = time.time()
+    await zookeeper(cluster).restart_all(spec.hold)
     record.healed = time.time()
 
 
@@ -597,6 +621,7 @@ ACTIONS: dict[str, FaultAction] = {
     "quorum_lost": quorum_lost,
     "member_partition": member_partition,
     "snapshot_restore": snapshot_restore,
+    "ensemble_restart": ensemble_restart,
     "store_pause": store_pause,
     "store_crash": store_crash,
     "terminate_sessions": terminate_sessions,

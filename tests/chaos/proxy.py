@@ -10,6 +10,10 @@ Modes:
   only timeouts.
 * ``reset``: every open connection is closed at once (RST) and new ones are accepted and
   reset immediately, as a firewall rejecting the flow would. The client sees errors at once.
+
+A side that closes its connection cleanly (FIN) is passed on as a clean close, a reset as a
+reset: a server that turns a client away by closing (ZooKeeper refusing a session it has
+seen less than) must look the same through the proxy as without it.
 """
 
 from __future__ import annotations
@@ -94,8 +98,12 @@ class TcpProxy:
                 asyncio.create_task(self._pump(up_reader, writer)),
             ]
             self._tasks.update(pumps)
+            clean = False
             try:
-                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                done, _pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                clean = any(
+                    not p.cancelled() and p.exception() is None and p.result() for p in done
+                )
             finally:
                 for pump in pumps:
                     pump.cancel()
@@ -103,22 +111,29 @@ class TcpProxy:
                 self._tasks.difference_update(pumps)
                 for end in (writer, up_writer):
                     self._writers.discard(end)
-                    _abort(end)
+                    if clean and self.mode == "open":
+                        end.close()
+                    else:
+                        _abort(end)
         finally:
             self._writers.discard(writer)
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> bool:
+        """Bytes from ``source`` to ``sink`` until one side ends; True when ``source`` closed
+        cleanly (and the close may be passed on as one)."""
         with contextlib.suppress(OSError, ConnectionError):
             while True:
                 data = await source.read(_CHUNK)
-                if not data:
-                    return
-                # Held, not dropped, while black-holed; a reset meanwhile ends the pump.
+                # Held, not dropped, while black-holed (a close too); a reset meanwhile ends
+                # the pump.
                 await self._open.wait()
                 if sink not in self._writers:
-                    return
+                    return False
+                if not data:
+                    return True
                 sink.write(data)
                 await sink.drain()
+        return False
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

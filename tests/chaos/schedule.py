@@ -44,6 +44,7 @@ class FaultSpec:
             self.kind in ("sigstop", "store_stall", "store_pause", "api_5xx", "late_write")
             or self.kind in ("app_kill", "app_hang")
             or self.kind in ("member_sigkill", "member_sigstop", "quorum_lost", "member_partition")
+            or self.kind == "ensemble_restart"
             or (self.kind.startswith(("partition", "clock_step")))
         ):
             parts.append(f"hold={self.hold:.2f}s")

@@ -1,9 +1,10 @@
-"""The three lease stores under chaos, each with the faults that belong to it.
+"""The lease stores under chaos, each with the faults that belong to it.
 
 Every harness starts its store and a fenced resource of its own, tells a replica slot how its
 sidecar reaches the store (through the slot's own `TcpProxy` where there is a network), and
 implements the store-side faults: stall, loss of state, deletion of the lease record, a clock
-step of the store host and the Kubernetes API's own faults.
+step of the store host, the Kubernetes API's own faults, and the members of a replicated store
+(etcd, ZooKeeper: `QuorumStore`) killed, paused, outvoted and cut off from each other.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from sidecar.backends.base import StoreUnavailable
 from sidecar.backends.redis.scripts import lease_keys
+from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
+from sidecar.backends.zookeeper.target import parse_target
 from tests.chaos.clock import ClockShift
 from tests.chaos.fence import FencedResource, RedisFence, SqliteFence
 from tests.chaos.proxy import Mode, TcpProxy
-from tests.etcd.cluster import EtcdCluster, Member
+from tests.etcd.cluster import EtcdCluster
+from tests.etcd.cluster import Member as EtcdMember
 from tests.fakekube import FakeKubeProcess, write_kubeconfig
 from tests.redis.servers import RedisServer
+from tests.zookeeper.servers import Ensemble, java
+from tests.zookeeper.servers import Member as ZooKeeperMember
 
 SIDECAR_LEASE = "default"  # the sidecar's lease name outside a cluster (SQLite, Redis)
 KUBE_NAMESPACE = "demo"
@@ -298,7 +305,30 @@ class ProxyGroup:
             await proxy.stop()
 
 
-class EtcdStore(StoreHarness):
+class QuorumStore(StoreHarness):
+    """A store of three members that agree by quorum (etcd, ZooKeeper): what the member faults
+    of faults.py need of it."""
+
+    peer_proxies: dict[str, TcpProxy | ProxyGroup]  # by member name: its peer traffic
+
+    @property
+    def members(self) -> list[EtcdMember] | list[ZooKeeperMember]:
+        raise NotImplementedError
+
+    def target(self, pick: float) -> EtcdMember | ZooKeeperMember:
+        """The member a member fault hits, chosen by ``pick``."""
+        raise NotImplementedError
+
+    def cut_off_target(self, pick: float) -> EtcdMember | ZooKeeperMember:
+        """The member ``member_partition`` cuts off from the others."""
+        raise NotImplementedError
+
+    def wait_ready(self) -> None:
+        """Until every running member serves again (blocking: run it in a thread)."""
+        raise NotImplementedError
+
+
+class EtcdStore(QuorumStore):
     """A real three-member etcd cluster. Each sidecar lists every member (through proxies of
     its own, in the same order: they all talk to the first member until it fails them), and
     each member's peer traffic comes in through a proxy, so one member alone can be cut off
@@ -347,11 +377,21 @@ class EtcdStore(StoreHarness):
     def proxy(self, slot: str) -> ProxyGroup:  # type: ignore[override]
         return self.proxies[slot]
 
-    def target(self, pick: float) -> Member:
+    @property
+    def members(self) -> list[EtcdMember]:
+        return self.cluster.members
+
+    def target(self, pick: float) -> EtcdMember:
         """The member every sidecar talks to first, or the Raft leader now."""
         if pick < 0.5:
             return self.cluster.members[0]
         return self.cluster.leader()
+
+    def cut_off_target(self, pick: float) -> EtcdMember:
+        return self.cluster.members[0]
+
+    def wait_ready(self) -> None:
+        self.cluster.wait_ready()
 
     async def stall(self, seconds: float) -> None:
         for member in self.cluster.members:
@@ -492,7 +532,159 @@ class PostgresStore(StoreHarness):
         await asyncio.to_thread(self.server.destroy)
 
 
+class ZooKeeperStore(QuorumStore):
+    """A real three-member ZooKeeper ensemble (tests/zookeeper/servers.py). Each sidecar lists
+    every member through proxies of its own (its client starts at a random one and moves on
+    when a connection breaks), and every member reaches each other member through proxies of
+    that pair's own (quorum and election ports), so one member can be cut off from the two
+    others, both ways, while its clients still reach it. A znode deleted by hand goes through a
+    client of the harness's own that no fault's proxy carries."""
+
+    name = "zookeeper"
+    CHROOT = "/chaos"
+    kinds = (
+        "member_sigkill",  # a member killed (the ensemble's leader, or one by the seed); restarted
+        "member_sigstop",  # the same, paused, then resumed
+        "quorum_lost",  # two of three members killed, then restarted
+        "member_partition",  # one member cut off from the other two (peer traffic)
+        "ensemble_restart",  # every member killed, then started again on its data
+        "store_restart",  # every member's data wiped: the ensemble starts again empty
+        "store_stall",  # every member paused
+        "delete_after_grant",
+        "delete_after_grant_twice",
+        "partition_blackhole",
+        "partition_reset",
+    )
+
+    def __init__(self) -> None:
+        # Empty until `start`: a start that fails (or skips: no java) stops cleanly.
+        self.proxies: dict[str, ProxyGroup] = {}
+        self.peer_proxies = {}
+
+    async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
+        java()  # skips (fails under CI) before anything starts when the package is missing
+        (directory / "zookeeper").mkdir()
+        # The peer proxies listen before the members' ports are chosen: a proxy's ephemeral
+        # port can then not be one a member was given (and binds only at launch).
+        unaimed = [await TcpProxy("127.0.0.1", 0).start() for _ in range(3 * 2 * 2)]
+        self.ensemble = Ensemble(directory / "zookeeper", 3)
+        pairs: dict[str, list[TcpProxy]] = {m.name: [] for m in self.ensemble.members}
+        for member in self.ensemble.members:
+            for peer in self.ensemble.members:
+                if peer is member:
+                    continue
+                quorum, election = unaimed.pop(), unaimed.pop()
+                quorum.upstream = ("127.0.0.1", peer.quorum_port)
+                election.upstream = ("127.0.0.1", peer.election_port)
+                quorum.name = f"{member.name}-{peer.name}-quorum"
+                election.name = f"{member.name}-{peer.name}-election"
+                member.peers[peer.myid] = (quorum.port, election.port)
+                pairs[member.name] += [quorum, election]
+                pairs[peer.name] += [quorum, election]
+        self.peer_proxies = {name: ProxyGroup(proxies) for name, proxies in pairs.items()}
+        for member in self.ensemble.members:
+            member.launch()
+        try:
+            await asyncio.to_thread(self.ensemble.wait_serving)
+        except BaseException:
+            # The cluster's stop may not reach the store after a failed start: no server is
+            # left running past the test.
+            await asyncio.to_thread(self.ensemble.stop)
+            raise
+        self.proxies = {
+            slot: ProxyGroup(
+                [
+                    await TcpProxy("127.0.0.1", m.client_port, f"{slot}-{m.name}").start()
+                    for m in self.ensemble.members
+                ]
+            )
+            for slot in slots
+        }
+        self.admin = ZooKeeperStoreClient(
+            parse_target(self.ensemble.url(self.CHROOT)), request_timeout=2.0
+        )
+        self.fence = SqliteFence(directory / "fence.db")
+
+    def sidecar_store(self, slot: str) -> tuple[str, list[str]]:
+        hosts = ",".join(proxy.address for proxy in self.proxies[slot].proxies)
+        return f"zookeeper://{hosts}{self.CHROOT}", []
+
+    def proxy(self, slot: str) -> ProxyGroup:  # type: ignore[override]
+        return self.proxies[slot]
+
+    @property
+    def members(self) -> list[ZooKeeperMember]:
+        return self.ensemble.members
+
+    def target(self, pick: float) -> ZooKeeperMember:
+        """The ensemble's leader now, or a member chosen by ``pick``."""
+        if pick < 0.5:
+            return self.ensemble.leader()
+        return self.ensemble.members[min(2, int((pick - 0.5) * 6))]
+
+    def cut_off_target(self, pick: float) -> ZooKeeperMember:
+        return self.target(pick)
+
+    def wait_ready(self) -> None:
+        self.ensemble.wait_serving()
+
+    async def stall(self, seconds: float) -> None:
+        for member in self.ensemble.members:
+            member.pause()
+        try:
+            await asyncio.sleep(seconds)  # the stall itself
+        finally:
+            for member in self.ensemble.members:
+                member.resume()
+
+    async def restart_all(self, down: float) -> None:
+        """Every member killed, down for ``down`` seconds, then started on its data; returns
+        once the ensemble serves."""
+        for member in self.ensemble.members:
+            member.kill()
+        await asyncio.sleep(down)
+        for member in self.ensemble.members:
+            member.launch()
+        await asyncio.to_thread(self.ensemble.wait_serving)
+
+    async def lose_state(self) -> None:
+        """Every member's data directory wiped, the ensemble started again empty (a restore
+        from nothing): no lease znode, zxids from zero."""
+        await asyncio.to_thread(self.ensemble.restore_empty)
+
+    async def delete_record(self, lease: str | None = None) -> None:
+        """``deleteall`` of the lease's znode, by an operator's client of its own; tried again
+        while the ensemble does not answer (it serves: a grant was just seen)."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                await self.admin.lease(lease or self.lease).delete_everything()
+                return
+            except StoreUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for group in self.proxies.values():
+            await group.stop()
+        if hasattr(self, "admin"):
+            await self.admin.close()
+            await self.fence.close()
+        if hasattr(self, "ensemble"):
+            await asyncio.to_thread(self.ensemble.stop)
+        for peers in self.peer_proxies.values():
+            await peers.stop()
+
+
 STORES: dict[str, type[StoreHarness]] = {
     store.name: store
-    for store in (SqliteStore, RedisStore, KubernetesStore, EtcdStore, PostgresStore)
+    for store in (
+        SqliteStore,
+        RedisStore,
+        KubernetesStore,
+        EtcdStore,
+        PostgresStore,
+        ZooKeeperStore,
+    )
 }

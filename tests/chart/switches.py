@@ -40,6 +40,19 @@ ETCD_TLS: dict[str, Any] = {
     "leaderService": {"enabled": False},
 }
 
+ZOOKEEPER_DIGEST: dict[str, Any] = {
+    "store": {
+        "type": "zookeeper",
+        "zookeeper": {
+            "connectString": "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181",
+            "chroot": "/billing/leases",
+            "username": "leader-sidecar",
+            "existingSecret": "zk-auth",
+        },
+    },
+    "leaderService": {"enabled": False},
+}
+
 SWITCHES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "example": EXAMPLE,
@@ -62,6 +75,12 @@ SWITCHES: dict[str, dict[str, Any]] = {
         "leaderService": {"enabled": False},
     },
     "etcd-tls": {**EXAMPLE, **ETCD_TLS},
+    "zookeeper": {
+        **EXAMPLE,
+        "store": {"type": "zookeeper", "zookeeper": {"connectString": "zk-0.zk:2181"}},
+        "leaderService": {"enabled": False},
+    },
+    "zookeeper-digest": {**EXAMPLE, **ZOOKEEPER_DIGEST},
     "redis-sentinel": {
         **EXAMPLE,
         "store": {

@@ -3,11 +3,13 @@ passes to the sidecar is a setting the sidecar knows and accepts."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from sidecar import config
+from sidecar.backends.zookeeper.target import parse_target
 from tests.chart.helm import (
     KUBE_VERSIONS,
     Helm,
@@ -31,7 +33,8 @@ def example(manifests: list[Manifest]) -> Manifest:
 
 def environment(container: dict[str, Any]) -> dict[str, str]:
     """The container's environment as the sidecar would see it: Downward API and Secret values
-    replaced by plausible ones."""
+    replaced by plausible ones, and ``$(NAME)`` of a variable listed earlier replaced by its
+    value, as the kubelet does."""
     fake = {
         "metadata.name": "demo-leader-sidecar-example-7d9c-x2x4q",
         "metadata.namespace": "apps",
@@ -41,7 +44,11 @@ def environment(container: dict[str, Any]) -> dict[str, str]:
     environ: dict[str, str] = {}
     for var in container["env"]:
         if "value" in var:
-            environ[var["name"]] = str(var["value"])
+            environ[var["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: environ.get(m[1], m[0]),
+                str(var["value"]),
+            )
         elif "fieldRef" in var["valueFrom"]:
             environ[var["name"]] = fake[var["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
@@ -214,7 +221,9 @@ def test_every_variable_the_chart_sets_is_a_setting_the_sidecar_accepts(
         by_env[name].parse(value)  # raises ValueError with the sidecar's own message
 
 
-@pytest.mark.parametrize("switch", ["example", "redis", "redis-sentinel", "timing-and-identity"])
+@pytest.mark.parametrize(
+    "switch", ["example", "redis", "redis-sentinel", "timing-and-identity", "zookeeper-digest"]
+)
 def test_the_sidecar_builds_its_configuration_from_the_rendered_environment(
     helm: Helm, switch: str
 ) -> None:
@@ -349,10 +358,51 @@ def test_the_etcd_password_comes_from_the_secret_and_tls_files_from_a_mounted_se
     ]
 
 
+def test_the_zookeeper_url_is_built_from_its_values_and_the_password_from_the_secret(
+    helm: Helm,
+) -> None:
+    """connectString, chroot and the digest user make the store URL; the password stays in
+    the Secret: a variable from it, listed before LEADER_SIDECAR_STORE so that the kubelet
+    fills in the URL's $(…) when the container starts (a variable listed later would stay
+    literal)."""
+    deployment = example(helm.template(values=SWITCHES["zookeeper-digest"]))
+    container = sidecar(deployment)
+    names = [v["name"] for v in container["env"]]
+    password = next(v for v in container["env"] if v["name"] == "ZOOKEEPER_DIGEST_PASSWORD")
+    assert password == {
+        "name": "ZOOKEEPER_DIGEST_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "zk-auth", "key": "password"}},
+    }
+    assert names.index("ZOOKEEPER_DIGEST_PASSWORD") < names.index("LEADER_SIDECAR_STORE")
+    store = next(v for v in container["env"] if v["name"] == "LEADER_SIDECAR_STORE")
+    assert store == {
+        "name": "LEADER_SIDECAR_STORE",
+        "value": "zookeeper://leader-sidecar:$(ZOOKEEPER_DIGEST_PASSWORD)@"
+        "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181/billing/leases",
+    }
+    assert "volumeMounts" not in container
+    # What the sidecar reads once the kubelet filled the password in (percent-encoded in the
+    # Secret where it has a / ? # or %).
+    expanded = store["value"].replace("$(ZOOKEEPER_DIGEST_PASSWORD)", "pa%2Fss:word")
+    target = parse_target(expanded)
+    assert target.hosts == (("zk-0.zk", 2181), ("zk-1.zk", 2181), ("zk-2.zk", 2181))
+    assert target.chroot == "/billing/leases"
+    assert (target.username, target.password) == ("leader-sidecar", "pa/ss:word")
+    assert "pa%2Fss" not in target.describe()
+
+
+def test_zookeeper_without_a_user_or_chroot_is_the_servers_alone(helm: Helm) -> None:
+    """No user: no variable from a Secret and nothing before the servers; no chroot: the
+    sidecar's default (/leader-sidecar)."""
+    container = sidecar(example(helm.template(values=SWITCHES["zookeeper"])))
+    assert environment(container)["LEADER_SIDECAR_STORE"] == "zookeeper://zk-0.zk:2181"
+    assert "ZOOKEEPER_DIGEST_PASSWORD" not in [v["name"] for v in container["env"]]
+
+
 def test_without_the_kubernetes_store_no_rbac_and_no_api_token(helm: Helm) -> None:
-    """Redis, etcd, PostgreSQL and SQLite never talk to the API server: no Role, and no token
-    in the pods."""
-    for switch in ("redis", "etcd", "sqlite", "postgresql"):
+    """Redis, etcd, PostgreSQL, ZooKeeper and SQLite never talk to the API server: no Role,
+    and no token in the pods."""
+    for switch in ("redis", "etcd", "sqlite", "postgresql", "zookeeper-digest"):
         manifests = helm.template(values=SWITCHES[switch])
         assert not find(manifests, "Role")
         assert not find(manifests, "RoleBinding")

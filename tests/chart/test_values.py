@@ -14,9 +14,39 @@ from tests.chart.switches import EXAMPLE
 SCHEMA_REJECTS: list[tuple[str, dict[str, Any], str]] = [
     (
         "unknown store",
-        {"store": {"type": "zookeeper"}},
+        {"store": {"type": "consul"}},
         'store.type must be one of the following: "kubernetes", "redis", "sqlite", '
-        '"postgresql", "etcd"',
+        '"postgresql", "etcd", "zookeeper"',
+    ),
+    (
+        "zookeeper connect string as a URL",
+        {"store": {"zookeeper": {"connectString": "zookeeper://zk-0.zk:2181"}}},
+        "store.zookeeper.connectString: Does not match pattern",
+    ),
+    (
+        "zookeeper connect string with a chroot",
+        {"store": {"zookeeper": {"connectString": "zk-0.zk:2181,zk-1.zk:2181/billing"}}},
+        "store.zookeeper.connectString: Does not match pattern",
+    ),
+    (
+        "zookeeper connect string with a user and password",
+        {"store": {"zookeeper": {"connectString": "app:hunter2@zk-0.zk:2181"}}},
+        "store.zookeeper.connectString: Does not match pattern",
+    ),
+    (
+        "zookeeper chroot without its slash",
+        {"store": {"zookeeper": {"chroot": "billing"}}},
+        "store.zookeeper.chroot: Does not match pattern",
+    ),
+    (
+        "zookeeper user with a password in it",
+        {"store": {"zookeeper": {"username": "app:hunter2"}}},
+        "store.zookeeper.username: Does not match pattern",
+    ),
+    (
+        "zookeeper password as a value",
+        {"store": {"zookeeper": {"password": "hunter2"}}},
+        "store.zookeeper: Additional property password is not allowed",
     ),
     (
         "misspelt top-level value",
@@ -185,6 +215,38 @@ TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
             "leaderService": {"enabled": False},
         },
         "store.etcd.tls.existingSecret needs an etcds://",
+    ),
+    (
+        "zookeeper without a connect string",
+        {"store": {"type": "zookeeper"}, "leaderService": {"enabled": False}},
+        "store.zookeeper.connectString is required with store.type=zookeeper",
+    ),
+    (
+        "zookeeper user without the Secret of its password",
+        {
+            "store": {
+                "type": "zookeeper",
+                "zookeeper": {"connectString": "zk-0.zk:2181", "username": "app"},
+            },
+            "leaderService": {"enabled": False},
+        },
+        "store.zookeeper.username needs its password from a Secret",
+    ),
+    (
+        "zookeeper password Secret without its user",
+        {
+            "store": {
+                "type": "zookeeper",
+                "zookeeper": {"connectString": "zk-0.zk:2181", "existingSecret": "zk-auth"},
+            },
+            "leaderService": {"enabled": False},
+        },
+        "set store.zookeeper.username too",
+    ),
+    (
+        "zookeeper with the leader Service",
+        {"store": {"type": "zookeeper", "zookeeper": {"connectString": "zk-0.zk:2181"}}},
+        "with store.type=zookeeper set leaderService.enabled=false",
     ),
     (
         "redis without a URL",

@@ -309,6 +309,16 @@ class Ensemble:
             if member.running():
                 member.wait_serving(max(0.1, deadline - time.monotonic()))
 
+    def restore_empty(self) -> None:
+        """Every member killed and its data directory deleted, then started again on the same
+        ports: an ensemble restored from nothing (no znode, zxids from zero again). Returns
+        once it serves."""
+        for member in self.members:
+            member.wipe()
+        for member in self.members:
+            member.launch()
+        self.wait_serving()
+
     def leader(self) -> Member:
         for member in self.members:
             if member.mode() == "leader":

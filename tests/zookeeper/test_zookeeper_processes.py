@@ -1,21 +1,31 @@
 """Real ``leader-sidecar`` processes on a real three-member ZooKeeper ensemble, watched every
 10 ms for the whole test by `LeaderObserver` (never two 200s from different replicas at one
 instant): the ensemble loses its quorum and gets it back; one member is cut off from the
-others with a sidecar that knows only it; ``status`` reads what a digest user's sidecars
+others with a sidecar that knows only it; every member's data is wiped and the ensemble started
+again empty (a store that lost its state, rule 8); ``status`` reads what a digest user's sidecars
 wrote, and the password reaches no log line."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
-from tests.support.sidecars import REPO, LeaderObserver, SidecarProcess, observing, sidecars
+from tests.support.sidecars import (
+    REPO,
+    LeaderObserver,
+    SidecarProcess,
+    observing,
+    sidecars,
+    signal_leader,
+)
 from tests.zookeeper.servers import Ensemble, Member, ensemble, fresh_chroot, shared_standalone
 
 pytestmark = pytest.mark.slow
@@ -124,6 +134,67 @@ async def test_a_sidecar_that_reaches_only_a_partitioned_minority_never_leads(
         finally:
             cut_off.stop()
     observer.assert_never_two_leaders()
+
+
+def logged_at(procs: list[SidecarProcess], message: str) -> list[float]:
+    """When (wall clock, from the log's own stamps) any sidecar logged a line beginning with
+    ``message``."""
+    return [
+        datetime.fromisoformat(str(entry["ts"]).replace("Z", "+00:00")).timestamp()
+        for proc in procs
+        for entry in proc.logs
+        if str(entry.get("msg", "")).startswith(message)
+    ]
+
+
+async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
+    members: Ensemble,
+) -> None:
+    """Rule 8 on ZooKeeper: with three sidecars running, every member's data directory wiped
+    and the ensemble started again empty (no lease znode, zxids from zero). The leader demotes
+    at its own deadline; every server refuses the sidecars' sessions (they have seen more than
+    it), so their client starts anew; the replicas that find the lease gone wait the loss out
+    (nobody is granted for a lease after the first of them saw it); leadership returns under a
+    term above every term served before, and no term is served by two identities. A hand-off
+    first, so that a term counted from the empty store again would show."""
+    url = members.url(fresh_chroot("restored"))
+    with sidecars(["a", "b", "c"], url, lease_duration=f"{LEASE:g}s") as procs:
+        async with observing(procs) as observer:
+            handover = await signal_leader(observer, procs, signal.SIGTERM, within=2 * LEASE)
+            leader = handover.successor
+            highest = max(s.term or 0 for s in observer.samples if s.leader)
+            assert highest >= 2
+            wiped_at = time.time()
+            await asyncio.to_thread(members.restore_empty)
+            serving_at = time.time()
+            demoted = await observer.wait_for(
+                lambda s: s.name == leader.name and not s.leader and s.sent >= wiped_at,
+                timeout=LEASE + 1,
+            )
+            assert demoted.received < wiped_at + LEASE + 0.3, (demoted, wiped_at)
+            again = await observer.leader(timeout=4 * LEASE + 5, after=serving_at)
+            assert again.term is not None
+            assert again.term > highest, (again, highest)
+            during = [
+                s for s in observer.samples if s.leader and demoted.sent <= s.sent < serving_at
+            ]
+            assert not during, during[:3]
+            started_anew = logged_at(
+                procs, "every zookeeper server refused this session: starting anew"
+            )
+            assert started_anew, "no sidecar's client started a new session after the wipe"
+            losses = [
+                at for at in logged_at(procs, "the store lost the lease's state") if at >= wiped_at
+            ]
+            assert losses, "no sidecar saw the loss"
+            assert again.since >= min(losses) + LEASE - 0.05, (again, min(losses))
+    observer.assert_never_two_leaders()
+    assert_fenced(observer)
+    served: dict[int, set[str]] = {}
+    for sample in observer.samples:
+        if sample.leader and sample.term is not None and sample.identity is not None:
+            served.setdefault(sample.term, set()).add(sample.identity)
+    assert all(len(ids) == 1 for ids in served.values()), served
 
 
 async def test_status_reads_a_digest_users_lease_and_no_log_shows_the_password() -> None:

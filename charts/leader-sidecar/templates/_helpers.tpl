@@ -166,6 +166,12 @@ leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 /var/lib/leader-sidecar
 {{- end -}}
 
+{{/* The variable holding the ZooKeeper digest user's password, from its Secret: named
+without the LEADER_SIDECAR_ prefix, which the sidecar keeps for its own settings. */}}
+{{- define "leader-sidecar.zookeeperPasswordVar" -}}
+ZOOKEEPER_DIGEST_PASSWORD
+{{- end -}}
+
 {{/* --store */}}
 {{- define "leader-sidecar.storeURL" -}}
 {{- if eq .Values.store.type "redis" -}}
@@ -174,6 +180,15 @@ leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 {{- .Values.store.etcd.endpoints -}}
 {{- else if eq .Values.store.type "postgresql" -}}
 {{- .Values.store.postgresql.url -}}
+{{- else if eq .Values.store.type "zookeeper" -}}
+{{- with .Values.store.zookeeper -}}
+{{- $user := "" -}}
+{{- if .username -}}
+{{- /* The password is the kubelet's to fill in, from the Secret (leader-sidecar.env). */ -}}
+{{- $user = printf "%s:$(%s)@" .username (include "leader-sidecar.zookeeperPasswordVar" $) -}}
+{{- end -}}
+{{- printf "zookeeper://%s%s%s" $user .connectString .chroot -}}
+{{- end -}}
 {{- else if eq .Values.store.type "sqlite" -}}
 {{- printf "sqlite:///%s/%s" (include "leader-sidecar.dataDir" .) .Values.store.sqlite.file -}}
 {{- else -}}

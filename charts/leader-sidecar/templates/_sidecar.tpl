@@ -111,6 +111,14 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+{{- if and (eq .Values.store.type "zookeeper") .Values.store.zookeeper.existingSecret }}
+# Before LEADER_SIDECAR_STORE, whose $(…) the kubelet fills in from it.
+- name: {{ include "leader-sidecar.zookeeperPasswordVar" . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.store.zookeeper.existingSecret | quote }}
+      key: {{ .Values.store.zookeeper.existingSecretPasswordKey | quote }}
+{{- end }}
 - name: LEADER_SIDECAR_STORE
   value: {{ include "leader-sidecar.storeURL" . | quote }}
 - name: LEADER_SIDECAR_LEASE

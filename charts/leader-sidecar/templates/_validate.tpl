@@ -56,6 +56,16 @@ whether the chart is installed on its own or as a dependency.
 {{- fail "leader-sidecar: store.etcd.tls.existingSecret needs an etcds:// store.etcd.endpoints (TLS)" -}}
 {{- end -}}
 
+{{- if and (eq $type "zookeeper") (not $v.store.zookeeper.connectString) -}}
+{{- fail "leader-sidecar: store.zookeeper.connectString is required with store.type=zookeeper, e.g. zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181 (chroot in store.zookeeper.chroot, password in store.zookeeper.existingSecret)" -}}
+{{- end -}}
+{{- if and (eq $type "zookeeper") $v.store.zookeeper.username (not $v.store.zookeeper.existingSecret) -}}
+{{- fail "leader-sidecar: store.zookeeper.username needs its password from a Secret; set store.zookeeper.existingSecret (the password is never a value)" -}}
+{{- end -}}
+{{- if and (eq $type "zookeeper") $v.store.zookeeper.existingSecret (not $v.store.zookeeper.username) -}}
+{{- fail "leader-sidecar: store.zookeeper.existingSecret holds a digest user's password; set store.zookeeper.username too" -}}
+{{- end -}}
+
 {{- if eq $type "sqlite" -}}
 {{- if not $v.store.sqlite.volume -}}
 {{- fail "leader-sidecar: store.sqlite.volume is required with store.type=sqlite: a volume every replica shares on ONE node, e.g. {hostPath: {path: /var/lib/leader-sidecar, type: DirectoryOrCreate}}; for more than one node use store.type=kubernetes or redis" -}}
