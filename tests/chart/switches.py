@@ -53,6 +53,17 @@ ZOOKEEPER_DIGEST: dict[str, Any] = {
     "leaderService": {"enabled": False},
 }
 
+ZOOKEEPER_TLS: dict[str, Any] = {
+    "store": {
+        "type": "zookeeper",
+        "zookeeper": {
+            "connectString": "zk-0.zk:2281,zk-1.zk:2281,zk-2.zk:2281",
+            "tls": {"existingSecret": "zk-tls", "certKey": "tls.crt", "keyKey": "tls.key"},
+        },
+    },
+    "leaderService": {"enabled": False},
+}
+
 SWITCHES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "example": EXAMPLE,
@@ -81,6 +92,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
         "leaderService": {"enabled": False},
     },
     "zookeeper-digest": {**EXAMPLE, **ZOOKEEPER_DIGEST},
+    "zookeeper-tls": {**EXAMPLE, **ZOOKEEPER_TLS},
     "redis-sentinel": {
         **EXAMPLE,
         "store": {

@@ -358,37 +358,61 @@ def test_the_etcd_password_comes_from_the_secret_and_tls_files_from_a_mounted_se
     ]
 
 
+def test_zookeeper_tls_files_come_from_a_mounted_secret_and_the_url_is_zookeepers(
+    helm: Helm,
+) -> None:
+    deployment = example(helm.template(values=SWITCHES["zookeeper-tls"]))
+    container = sidecar(deployment)
+    env = environment(container)
+    assert env["LEADER_SIDECAR_STORE"] == "zookeepers://zk-0.zk:2281,zk-1.zk:2281,zk-2.zk:2281"
+    assert env["LEADER_SIDECAR_ZOOKEEPER_CA_FILE"] == "/etc/leader-sidecar/zookeeper-tls/ca.crt"
+    assert env["LEADER_SIDECAR_ZOOKEEPER_CERT_FILE"] == (
+        "/etc/leader-sidecar/zookeeper-tls/tls.crt"
+    )
+    assert env["LEADER_SIDECAR_ZOOKEEPER_KEY_FILE"] == "/etc/leader-sidecar/zookeeper-tls/tls.key"
+    assert "LEADER_SIDECAR_ZOOKEEPER_PASSWORD" not in env
+    assert container["volumeMounts"] == [
+        {
+            "name": "leader-sidecar-zookeeper-tls",
+            "mountPath": "/etc/leader-sidecar/zookeeper-tls",
+            "readOnly": True,
+        }
+    ]
+    assert pod_spec(deployment)["volumes"] == [
+        {
+            "name": "leader-sidecar-zookeeper-tls",
+            "secret": {"secretName": "zk-tls", "defaultMode": 0o444},
+        }
+    ]
+    target = parse_target(env["LEADER_SIDECAR_STORE"], ca_file="ca.crt")
+    assert target.tls
+
+
 def test_the_zookeeper_url_is_built_from_its_values_and_the_password_from_the_secret(
     helm: Helm,
 ) -> None:
-    """connectString, chroot and the digest user make the store URL; the password stays in
-    the Secret: a variable from it, listed before LEADER_SIDECAR_STORE so that the kubelet
-    fills in the URL's $(…) when the container starts (a variable listed later would stay
-    literal)."""
+    """connectString and chroot make the store URL; the digest user is a variable and its
+    password another, from the Secret — in no value, no release and no pod spec, and taken
+    as it is (no percent-encoding)."""
     deployment = example(helm.template(values=SWITCHES["zookeeper-digest"]))
     container = sidecar(deployment)
-    names = [v["name"] for v in container["env"]]
-    password = next(v for v in container["env"] if v["name"] == "ZOOKEEPER_DIGEST_PASSWORD")
+    password = next(v for v in container["env"] if v["name"] == "LEADER_SIDECAR_ZOOKEEPER_PASSWORD")
     assert password == {
-        "name": "ZOOKEEPER_DIGEST_PASSWORD",
+        "name": "LEADER_SIDECAR_ZOOKEEPER_PASSWORD",
         "valueFrom": {"secretKeyRef": {"name": "zk-auth", "key": "password"}},
     }
-    assert names.index("ZOOKEEPER_DIGEST_PASSWORD") < names.index("LEADER_SIDECAR_STORE")
-    store = next(v for v in container["env"] if v["name"] == "LEADER_SIDECAR_STORE")
-    assert store == {
-        "name": "LEADER_SIDECAR_STORE",
-        "value": "zookeeper://leader-sidecar:$(ZOOKEEPER_DIGEST_PASSWORD)@"
-        "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181/billing/leases",
-    }
+    env = environment(container)
+    assert env["LEADER_SIDECAR_ZOOKEEPER_USERNAME"] == "leader-sidecar"
+    assert env["LEADER_SIDECAR_STORE"] == (
+        "zookeeper://zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181/billing/leases"
+    )
     assert "volumeMounts" not in container
-    # What the sidecar reads once the kubelet filled the password in (percent-encoded in the
-    # Secret where it has a / ? # or %).
-    expanded = store["value"].replace("$(ZOOKEEPER_DIGEST_PASSWORD)", "pa%2Fss:word")
-    target = parse_target(expanded)
+    target = parse_target(
+        env["LEADER_SIDECAR_STORE"], username="leader-sidecar", password="pa/ss:word"
+    )
     assert target.hosts == (("zk-0.zk", 2181), ("zk-1.zk", 2181), ("zk-2.zk", 2181))
     assert target.chroot == "/billing/leases"
     assert (target.username, target.password) == ("leader-sidecar", "pa/ss:word")
-    assert "pa%2Fss" not in target.describe()
 
 
 def test_zookeeper_without_a_user_or_chroot_is_the_servers_alone(helm: Helm) -> None:
@@ -396,7 +420,9 @@ def test_zookeeper_without_a_user_or_chroot_is_the_servers_alone(helm: Helm) -> 
     sidecar's default (/leader-sidecar)."""
     container = sidecar(example(helm.template(values=SWITCHES["zookeeper"])))
     assert environment(container)["LEADER_SIDECAR_STORE"] == "zookeeper://zk-0.zk:2181"
-    assert "ZOOKEEPER_DIGEST_PASSWORD" not in [v["name"] for v in container["env"]]
+    names = [v["name"] for v in container["env"]]
+    assert "LEADER_SIDECAR_ZOOKEEPER_PASSWORD" not in names
+    assert "LEADER_SIDECAR_ZOOKEEPER_USERNAME" not in names
 
 
 def test_without_the_kubernetes_store_no_rbac_and_no_api_token(helm: Helm) -> None:

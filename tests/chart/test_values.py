@@ -222,6 +222,34 @@ TEMPLATE_REJECTS: list[tuple[str, dict[str, Any], str]] = [
         "store.zookeeper.connectString is required with store.type=zookeeper",
     ),
     (
+        "zookeeper client certificate without its key",
+        {
+            "store": {
+                "type": "zookeeper",
+                "zookeeper": {
+                    "connectString": "zk-0.zk:2281",
+                    "tls": {"existingSecret": "zk-tls", "certKey": "tls.crt"},
+                },
+            },
+            "leaderService": {"enabled": False},
+        },
+        "store.zookeeper.tls.certKey and store.zookeeper.tls.keyKey go together",
+    ),
+    (
+        "zookeeper TLS keys without their Secret",
+        {
+            "store": {
+                "type": "zookeeper",
+                "zookeeper": {
+                    "connectString": "zk-0.zk:2281",
+                    "tls": {"certKey": "tls.crt", "keyKey": "tls.key"},
+                },
+            },
+            "leaderService": {"enabled": False},
+        },
+        "store.zookeeper.tls.* keys name entries of store.zookeeper.tls.existingSecret",
+    ),
+    (
         "zookeeper user without the Secret of its password",
         {
             "store": {

@@ -166,12 +166,6 @@ leader-sidecar/lease: {{ include "leader-sidecar.group" . | quote }}
 /var/lib/leader-sidecar
 {{- end -}}
 
-{{/* The variable holding the ZooKeeper digest user's password, from its Secret: named
-without the LEADER_SIDECAR_ prefix, which the sidecar keeps for its own settings. */}}
-{{- define "leader-sidecar.zookeeperPasswordVar" -}}
-ZOOKEEPER_DIGEST_PASSWORD
-{{- end -}}
-
 {{/* --store */}}
 {{- define "leader-sidecar.storeURL" -}}
 {{- if eq .Values.store.type "redis" -}}
@@ -182,12 +176,8 @@ ZOOKEEPER_DIGEST_PASSWORD
 {{- .Values.store.postgresql.url -}}
 {{- else if eq .Values.store.type "zookeeper" -}}
 {{- with .Values.store.zookeeper -}}
-{{- $user := "" -}}
-{{- if .username -}}
-{{- /* The password is the kubelet's to fill in, from the Secret (leader-sidecar.env). */ -}}
-{{- $user = printf "%s:$(%s)@" .username (include "leader-sidecar.zookeeperPasswordVar" $) -}}
-{{- end -}}
-{{- printf "zookeeper://%s%s%s" $user .connectString .chroot -}}
+{{- /* The digest user and its password are variables of their own (leader-sidecar.env). */ -}}
+{{- printf "%s://%s%s" (ternary "zookeepers" "zookeeper" (not (empty .tls.existingSecret))) .connectString .chroot -}}
 {{- end -}}
 {{- else if eq .Values.store.type "sqlite" -}}
 {{- printf "sqlite:///%s/%s" (include "leader-sidecar.dataDir" .) .Values.store.sqlite.file -}}

@@ -111,14 +111,6 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
-{{- if and (eq .Values.store.type "zookeeper") .Values.store.zookeeper.existingSecret }}
-# Before LEADER_SIDECAR_STORE, whose $(…) the kubelet fills in from it.
-- name: {{ include "leader-sidecar.zookeeperPasswordVar" . }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.store.zookeeper.existingSecret | quote }}
-      key: {{ .Values.store.zookeeper.existingSecretPasswordKey | quote }}
-{{- end }}
 - name: LEADER_SIDECAR_STORE
   value: {{ include "leader-sidecar.storeURL" . | quote }}
 - name: LEADER_SIDECAR_LEASE
@@ -257,6 +249,31 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: LEADER_SIDECAR_KUBECONFIG
   value: {{ printf "/etc/leader-sidecar/kubeconfig/%s" .Values.kubeconfig.key | quote }}
 {{- end }}
+{{- if eq .Values.store.type "zookeeper" }}
+{{- with .Values.store.zookeeper }}
+{{- if .username }}
+- name: LEADER_SIDECAR_ZOOKEEPER_USERNAME
+  value: {{ .username | quote }}
+- name: LEADER_SIDECAR_ZOOKEEPER_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | quote }}
+      key: {{ .existingSecretPasswordKey | quote }}
+{{- end }}
+{{- if .tls.existingSecret }}
+{{- with .tls.caKey }}
+- name: LEADER_SIDECAR_ZOOKEEPER_CA_FILE
+  value: {{ printf "/etc/leader-sidecar/zookeeper-tls/%s" . | quote }}
+{{- end }}
+{{- if .tls.certKey }}
+- name: LEADER_SIDECAR_ZOOKEEPER_CERT_FILE
+  value: {{ printf "/etc/leader-sidecar/zookeeper-tls/%s" .tls.certKey | quote }}
+- name: LEADER_SIDECAR_ZOOKEEPER_KEY_FILE
+  value: {{ printf "/etc/leader-sidecar/zookeeper-tls/%s" .tls.keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if eq .Values.store.type "redis" }}
 {{- with .Values.store.redis }}
 {{- with .username }}
@@ -345,6 +362,11 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
   mountPath: /etc/leader-sidecar/etcd-tls
   readOnly: true
 {{- end }}
+{{- if and (eq .Values.store.type "zookeeper") .Values.store.zookeeper.tls.existingSecret }}
+- name: leader-sidecar-zookeeper-tls
+  mountPath: /etc/leader-sidecar/zookeeper-tls
+  readOnly: true
+{{- end }}
 {{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}
 - name: leader-sidecar-postgresql-tls
   mountPath: /etc/leader-sidecar/postgresql-tls
@@ -383,6 +405,12 @@ plus `leader-sidecar.podLabels` in the pod template's labels.
 - name: leader-sidecar-etcd-tls
   secret:
     secretName: {{ .Values.store.etcd.tls.existingSecret | quote }}
+    defaultMode: 0444
+{{- end }}
+{{- if and (eq .Values.store.type "zookeeper") .Values.store.zookeeper.tls.existingSecret }}
+- name: leader-sidecar-zookeeper-tls
+  secret:
+    secretName: {{ .Values.store.zookeeper.tls.existingSecret | quote }}
     defaultMode: 0444
 {{- end }}
 {{- if and (eq .Values.store.type "postgresql") .Values.store.postgresql.tlsSecret }}

@@ -62,6 +62,12 @@ whether the chart is installed on its own or as a dependency.
 {{- if and (eq $type "zookeeper") $v.store.zookeeper.username (not $v.store.zookeeper.existingSecret) -}}
 {{- fail "leader-sidecar: store.zookeeper.username needs its password from a Secret; set store.zookeeper.existingSecret (the password is never a value)" -}}
 {{- end -}}
+{{- if and (eq $type "zookeeper") (or $v.store.zookeeper.tls.certKey $v.store.zookeeper.tls.keyKey) (not (and $v.store.zookeeper.tls.certKey $v.store.zookeeper.tls.keyKey)) -}}
+{{- fail "leader-sidecar: store.zookeeper.tls.certKey and store.zookeeper.tls.keyKey go together; set both or neither" -}}
+{{- end -}}
+{{- if and (eq $type "zookeeper") (or $v.store.zookeeper.tls.certKey (ne $v.store.zookeeper.tls.caKey "ca.crt")) (not $v.store.zookeeper.tls.existingSecret) -}}
+{{- fail "leader-sidecar: store.zookeeper.tls.* keys name entries of store.zookeeper.tls.existingSecret; set that Secret's name" -}}
+{{- end -}}
 {{- if and (eq $type "zookeeper") $v.store.zookeeper.existingSecret (not $v.store.zookeeper.username) -}}
 {{- fail "leader-sidecar: store.zookeeper.existingSecret holds a digest user's password; set store.zookeeper.username too" -}}
 {{- end -}}
