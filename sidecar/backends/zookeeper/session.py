@@ -195,7 +195,8 @@ class ZkSession:
                 writer.write(request.packet())
                 try:
                     answer = jute.Reader(await _read_packet(stream))
-                except asyncio.IncompleteReadError:
+                except (asyncio.IncompleteReadError, ConnectionResetError):
+                    # A reset too: a proxy or load balancer passes a server's close on as one.
                     self._refused_by_server(host, port)
                     raise
             self._refused = 0
