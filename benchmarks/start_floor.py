@@ -146,11 +146,18 @@ class SqliteStore(Store):
         return ["--store", f"sqlite:///{self.path}", "--lease", lease]
 
     def round_trip(self) -> float:
-        """A write transaction of nothing on the store's file: the lock and the commit."""
+        """One durable write, as a lease write is: a row updated in a ``BEGIN IMMEDIATE``
+        transaction, WAL and ``synchronous=FULL`` as the store sets them, in a scratch file
+        beside the store's (the store's own file is left to the sidecars)."""
         if self._db is None:
-            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db = sqlite3.connect(self.path.with_name("round-trip.db"), isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v INTEGER)")
+            self._db.execute("INSERT OR IGNORE INTO t VALUES (1, 0)")
         began = time.perf_counter()
         self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("UPDATE t SET v = v + 1 WHERE k = 1")
         self._db.execute("COMMIT")
         return time.perf_counter() - began
 
