@@ -376,43 +376,43 @@ def _p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
 
 
-def _shown(body: bytes) -> str:
-    return body[:60].decode(errors="replace").replace("|", "/")
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
 
 def rows(store: Store, series: list[Series], trip: float) -> list[str]:
     bare = statistics.median(s.first_answer for s in series[0].starts)
+    bare_cpu = statistics.median(s.cpu for s in series[0].starts)
     lines = []
     for one in series:
         first = [s.first_answer for s in one.starts]
-        cpu = [s.cpu for s in one.starts]
+        cpu = statistics.median(s.cpu for s in one.starts)
         leader = [s.leader for s in one.starts if s.leader is not None]
         gaps = [s.leader - s.first_answer for s in one.starts if s.leader is not None]
+        starting = sum(b'"starting": true' in s.first_body for s in one.starts)
         median_first = statistics.median(first)
         cells = [
             store.name,
             one.label,
             f"{_ms(median_first)} / {_ms(_p90(first))}",
-            f"{median_first / bare:.2f}x",
-            f"{_ms(statistics.median(cpu))}",
+            f"{median_first / bare:.2f}",
+            f"{_ms(cpu)}",
+            f"{cpu / bare_cpu:.2f}",
             f"{_ms(statistics.median(leader))} / {_ms(_p90(leader))}" if leader else "-",
             f"{statistics.median(gaps) * 1000:.1f} / {_p90(gaps) * 1000:.1f}" if gaps else "-",
             f"{2 * trip * 1000:.2f}" if leader else "-",
-            f"{one.starts[0].first_status} {_shown(one.starts[0].first_body)}",
+            f"{starting} of {len(one.starts)}" if leader else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 HEADER = [
-    "| store | process | spawn → first answer, median / p90 (ms) | ÷ bare app's median "
-    "| CPU by first answer (ms) | spawn → leader, median / p90 (ms) | leader - first answer, "
-    "median / p90 (ms) | two store round trips (ms) | first answer (trial 1) |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    "| store | process | spawn → first answer, median / p90 (ms) | ÷ bare app's "
+    "| CPU by first answer, median (ms) | ÷ bare app's | spawn → leader, median / p90 (ms) "
+    "| leader - first answer, median / p90 (ms) | two store round trips (ms) "
+    '| first answers saying "starting" |',
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 
 
