@@ -65,7 +65,8 @@ def _driver() -> dict[str, Any]:
     """The version ``CLIENT SETINFO`` names, given rather than looked up: redis-py 8 looks it
     up in the installed packages' metadata for every connection it makes (every distribution on
     ``sys.path`` read, a few milliseconds of CPU: the first one lands between a sidecar's first
-    answer and its first grant). Older redis-py looked it up once, at import."""
+    answer and its first grant). An older redis-py, without ``driver_info``, is left as it
+    was."""
     try:
         from redis.driver_info import DriverInfo
     except ImportError:
