@@ -26,9 +26,6 @@ LIBRARIES = {
 # What the configuration reads of every store: its description (and what that needs to check
 # a URL or an option).
 DESCRIPTION_MODULES = {"description", "target", "settings"}
-# ZooKeeper keeps its records in etcd's JSON and borrows etcd's codec for them (a few
-# milliseconds; no third-party library, aiohttp is loaded anyway).
-BORROWED = {"zookeeper": {"sidecar.backends.etcd.records", "sidecar.backends.etcd.api"}}
 
 _PROBE = """
 import asyncio, json, sys
@@ -84,7 +81,7 @@ def foreign(modules: set[str], store: str) -> list[str]:
             m for m in modules
             if m.startswith(prefix) and m[len(prefix):] not in DESCRIPTION_MODULES
         ]  # fmt: skip
-    return sorted(set(found) - BORROWED.get(store, set()))
+    return sorted(set(found))
 
 
 @pytest.mark.parametrize("store", sorted(LIBRARIES))
