@@ -201,19 +201,21 @@ class PostgresStore(Store):
         from benchmarks.systems import PostgresStore as Server
 
         self.server = Server(tmp)
-        self.loop = asyncio.Runner()
-        self.db = self.loop.run(asyncpg.connect(self.server.url))
+        # A loop of its own, not an asyncio.Runner: a Runner takes SIGINT over for as long as
+        # it lives, and Ctrl-C would no longer stop the run (nor clean the servers up).
+        self.loop = asyncio.new_event_loop()
+        self.db = self.loop.run_until_complete(asyncpg.connect(self.server.url))
 
     def args(self, lease: str) -> list[str]:
         return ["--store", self.server.url, "--lease", lease]
 
     def round_trip(self) -> float:
         began = time.perf_counter()
-        self.loop.run(self.db.fetchval("SELECT 1"))
+        self.loop.run_until_complete(self.db.fetchval("SELECT 1"))
         return time.perf_counter() - began
 
     def close(self) -> None:
-        self.loop.run(self.db.close())
+        self.loop.run_until_complete(self.db.close())
         self.loop.close()
         self.server.close()
 
