@@ -258,6 +258,7 @@ class Elector:
             lease_duration=self.timing.lease_duration,
             valid_for=max(0.0, self._valid_until - now) if leading else 0.0,
             since=self._role_since,
+            starting=not leading and not self._view.seen_anything,
         )
 
     @property

@@ -33,6 +33,9 @@ class LeaderStatus:
     lease_duration: float
     valid_for: float
     since: datetime | None
+    starting: bool = False
+    """No answer from the store about this lease yet (the store not open, or not answering):
+    ``holder`` and ``term`` say nothing then. Never true of a leader."""
 
     @property
     def etag(self) -> str:
@@ -45,11 +48,13 @@ class LeaderStatus:
         (``valid_for_seconds``): the same answer is encoded once."""
         return _encoded(
             self.leader, self.identity, self.holder, self.term, self.lease,
-            self.lease_duration, round(self.valid_for, 3), self.since,
+            self.lease_duration, round(self.valid_for, 3), self.since, self.starting,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """``starting`` appears only while true: the answer of a sidecar at work is the same
+        as before it was added."""
+        answer = {
             "leader": self.leader,
             "identity": self.identity,
             "holder": self.holder,
@@ -59,6 +64,9 @@ class LeaderStatus:
             "valid_for_seconds": round(self.valid_for, 3),
             "since": iso_utc(self.since),
         }
+        if self.starting:
+            answer["starting"] = True
+        return answer
 
 
 @functools.lru_cache(maxsize=64)
@@ -77,8 +85,11 @@ def _encoded(
     lease_duration: float,
     valid_for: float,
     since: datetime | None,
+    starting: bool,
 ) -> bytes:
-    status = LeaderStatus(leader, identity, holder, term, lease, lease_duration, valid_for, since)
+    status = LeaderStatus(
+        leader, identity, holder, term, lease, lease_duration, valid_for, since, starting
+    )
     return json.dumps(status.to_json()).encode()
 
 

@@ -333,3 +333,27 @@ async def test_the_documented_acl_is_enough_for_the_candidate_registry(
         assert await group.list() == []
     with server.client() as admin:
         assert admin.execute_command("ACL", "LOG") == []  # nothing was refused
+
+
+async def test_connections_name_the_redis_py_version_without_reading_package_metadata(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py 8 looks its own version up in every installed package's metadata for each
+    connection it makes (milliseconds of CPU, the first between a sidecar's first answer and
+    its first grant); the client gives it instead."""
+    import importlib.metadata
+
+    import redis
+
+    looked_up: list[str] = []
+
+    def version(name: str) -> str:
+        looked_up.append(name)
+        return "0"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    async with client_of(server.url) as client:
+        await client.lease("metadata").read()
+        await client.candidates("metadata").list()
+    assert looked_up == []
+    assert redis.__version__

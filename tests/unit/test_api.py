@@ -58,6 +58,36 @@ async def client_for(app: web.Application) -> TestClient[web.Request, web.Applic
     return client
 
 
+async def test_leader_answers_503_starting_until_the_store_has_answered(pair: Pair) -> None:
+    """Before the store has answered about the lease (not open yet, or failing), ``/leader``
+    is 503 with ``"starting": true`` and no holder: never a leader's answer, and not the
+    answer of a free lease either, which comes once the store has said so."""
+    a, b, _ = pair
+    assert isinstance(a.store, StrictStore)
+    a.store.fail_next("acquire", StoreUnavailable("not open yet"))
+    async with await client_for(create_local_app(a)) as client:
+
+        async def answer() -> tuple[int, dict[str, object]]:
+            response = await client.get("/leader")
+            return response.status, await response.json()
+
+        for step in range(2):  # before any request, and after one that failed
+            status, body = await answer()
+            assert status == 503, step
+            assert set(body) == FIELDS | {"starting"}, step
+            assert (body["starting"], body["leader"], body["holder"]) == (True, False, None)
+            await a.step()
+        assert a.store.calls == {"acquire": 1, "read": 1}
+        status, body = await answer()  # the store has shown a free lease
+        assert (status, set(body), body["holder"]) == (503, FIELDS, None)
+        await a.step()
+        status, body = await answer()
+        assert (status, set(body), body["leader"]) == (200, FIELDS, True)
+    await b.step()  # a follower that has seen the holder
+    assert b.status().starting is False
+    assert "starting" not in b.status().to_json()
+
+
 async def test_leader_answers_200_with_the_documented_json_and_an_etag(pair: Pair) -> None:
     a, b, _ = pair
     await a.step()

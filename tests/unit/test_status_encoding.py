@@ -29,6 +29,7 @@ def test_every_field_that_changes_changes_the_bytes() -> None:
     changes = {
         "leader": False, "identity": "b", "holder": "b", "term": 8, "lease": "other",
         "lease_duration": 10.0, "valid_for": 9.0, "since": datetime(2026, 1, 1, tzinfo=UTC),
+        "starting": True,
     }  # fmt: skip
     for field, value in changes.items():
         changed = dataclasses.replace(STATUS, **{field: value})
