@@ -29,13 +29,13 @@ from typing import Any
 from sidecar import bounded_json
 from sidecar.backends import store_options
 from sidecar.backends.base import Candidate, LeaseRecord, NoStore, StoreError, is_hold
-from sidecar.backends.records import MAX_LEASE_SECONDS
 from sidecar.config import OPTIONS, Config, load
 from sidecar.config_error import ConfigError
 from sidecar.hold import DEFAULT_HOLD, HoldRefused, default_who, hold, parse_hold, resume
 from sidecar.options import HelpFormatter, Option, Parser, add_options, parse_duration
 from sidecar.redact import redact_url, terminal_text
 from sidecar.release_guard import RELEASE_HEADER
+from sidecar.timing import MAX_LEASE_SECONDS
 
 READ_CONCURRENCY = 32  # store reads in flight at once for a status of many leases
 MAX_ANSWER = 1024 * 1024  # bytes of a sidecar's answer `transfer` reads

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.backends.records import MAX_LEASE_SECONDS
 from sidecar.config_error import ConfigError
+
+MAX_LEASE_SECONDS = 86_400.0
+"""The longest lease a record may declare (``--lease-duration`` allows as much): longer, and
+a record written once could keep the followers waiting for ever."""
 
 # Rate drift a deadline allows between our monotonic clock and the store's (NTP slews at most
 # 0.05 %; one per cent leaves room for a badly disciplined VM clock).

@@ -58,6 +58,7 @@ from typing import Any
 from sidecar.backends.base import Candidate, LeaseRecord, TermExhausted
 from sidecar.logs import Throttle, log
 from sidecar.redact import printable
+from sidecar.timing import MAX_LEASE_SECONDS
 
 logger = logging.getLogger("sidecar.records")
 
@@ -68,10 +69,6 @@ most this; a record showing more cannot be read."""
 
 MAX_TEXT = 256
 """Characters in an identity, a version, a revision: pod names are at most 253."""
-
-MAX_LEASE_SECONDS = 86_400.0
-"""The longest lease a record may declare (``--lease-duration`` allows as much): longer, and
-a record written once could keep the followers waiting for ever."""
 
 MAX_PRIORITY = 999_999_999  # `--priority`: at most nine digits, either sign
 
