@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sidecar.backends.base import LeaseRecord, Renewal, StoreUnavailable
+from sidecar.backends.base import Candidate, LeaseRecord, Renewal, StoreUnavailable
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
 from sidecar.backends.zookeeper.connection import Node
@@ -160,3 +160,35 @@ async def test_a_path_the_server_refuses_in_a_multiread_leaves_the_others_answer
             stop()
         await reader.close()
         await owner.close()
+
+
+async def test_a_group_is_listed_in_one_request_and_a_beat_lists_in_the_same_round_trip() -> None:
+    """A listing asks for the children and the records of those it knows in one
+    ``multiRead`` (a second only for replicas new since); a beat that lists sends its
+    ``setData`` and that ``multiRead`` back to back, and the list holds the beat."""
+    url = shared_standalone().url(fresh_chroot("group"))
+    mine, theirs = (ZooKeeperStoreClient(parse_target(url), request_timeout=10.0) for _ in "ab")
+    try:
+        group = mine.candidates("g")
+        for i in range(3):
+            await theirs.candidates("g").beat(Candidate(f"b_{i}", str(i + 1)), LEASE)
+        assert len(await group.list()) == 3  # the first listing learns the names
+        before = reads(mine)
+        assert {c.identity for c in await group.list()} == {"b_0", "b_1", "b_2"}
+        assert reads(mine) == (before[0] + 1, before[1])
+        await theirs.candidates("g").beat(Candidate("b_3", "4"), LEASE)
+        assert len(await group.list()) == 4
+        assert reads(mine) == (before[0] + 3, before[1])  # the new one in a second multiRead
+
+        await group.beat(Candidate("a_1", "10"), LEASE)  # its record exists
+        await group.list()
+        before = reads(mine)
+        writes = mine.session.sent[jute.SET_DATA]
+        listed = await group.beat_and_list(Candidate("a_1", "11"), LEASE)
+        assert {c.identity: c.version for c in listed}["a_1"] == "11"
+        assert len(listed) == 5
+        assert reads(mine) == (before[0] + 1, before[1])
+        assert mine.session.sent[jute.SET_DATA] == writes + 1
+    finally:
+        await mine.close()
+        await theirs.close()

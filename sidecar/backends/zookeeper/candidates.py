@@ -76,6 +76,42 @@ class ZooKeeperCandidates:
 
         await self.client.guarded(work)
 
+    async def beat_and_list(
+        self, candidate: Candidate, duration: float
+    ) -> builtins.list[Candidate]:
+        """`ListsOnBeat`: the beat's ``setData`` and the group's ``multiRead`` sent back to
+        back on the session, one round trip. A ``multi`` cannot mix reads with writes; the
+        session's order gives what the protocol asks for: the server handles the read after
+        the beat is written, so the list holds the beat (or, for another replica's record,
+        something newer — a read a moment later would show it too). A replica whose record
+        is not there yet beats with a ``create`` first and lists after it."""
+
+        async def work() -> builtins.list[Candidate]:
+            client = self.client
+            wall = client.clock.wall()
+            path = self._znode(candidate.identity)
+            value = self._value(candidate, wall)
+            known = list(self._names)
+            beat, listing = await client.calls(
+                (
+                    (jute.SET_DATA, jute.set_data(path, value, -1), "beat"),
+                    (jute.MULTI_READ, jute.multi(self._listing_ops(known)), "list"),
+                )
+            )
+            if isinstance(beat, ZkError):
+                if beat.code != jute.NO_NODE:
+                    raise beat
+                await self._put(path, value)
+                nodes = await self._nodes()
+            else:
+                if isinstance(listing, ZkError):
+                    raise listing
+                nodes = await self._nodes_from(known, jute.read_multi(listing))
+            await self._maybe_collect(wall, duration)
+            return [decode(name, node.data) for name, node in nodes.items()]
+
+        return await self.client.guarded(work)
+
     def _value(self, candidate: Candidate, wall: datetime) -> bytes:
         return encode(candidate_object(candidate, candidate.version or new_version(), wall))
 
