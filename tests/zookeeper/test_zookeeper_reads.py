@@ -14,6 +14,7 @@ from sidecar.backends.base import Candidate, LeaseRecord, Renewal, StoreUnavaila
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
 from sidecar.backends.zookeeper.connection import Node
+from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.target import parse_target
 from tests.zookeeper.servers import fresh_chroot, shared_standalone
 
@@ -111,6 +112,47 @@ async def test_a_burst_of_renewals_is_read_by_each_follower_in_a_few_requests() 
             stop()
         for client in (leader, *followers):
             await client.close()
+
+
+async def test_a_burst_past_one_requests_answer_budget_goes_in_several_and_all_is_seen() -> None:
+    """A request's answer stays within its budget by the sizes last seen (values rewritten
+    large by hand must not make one answer the session cannot take): a small budget splits
+    a burst of 40 changes into requests of a few leases each, and every change is seen."""
+    url = shared_standalone().url(fresh_chroot("budget"))
+    leader = ZooKeeperStoreClient(parse_target(url), request_timeout=10.0)
+    follower = ZooKeeperStoreClient(parse_target(url), request_timeout=10.0)
+    stops = []
+    try:
+        names = [f"l{i}" for i in range(40)]
+        grants = await asyncio.gather(
+            *(leader.lease(n).try_acquire("a_1", LEASE, 0, expected=None) for n in names)
+        )
+        view = Followed()
+        stops = [follower.lease(n).follow(view.callback(n)) for n in names]
+        await view.until({n: stored(g.version) for n, g in zip(names, grants, strict=True)})
+        node = follower.seen[f"{follower.leases_path}/l0"]
+        assert node is not None
+        follower.follower_reads.MOST_BYTES = 4 * (len(node.data) + FollowerReads.PER_PATH)
+        before = reads(follower)
+        renewed = await leader.renew_many(
+            [Renewal(n, "a_1", g.term, LEASE) for n, g in zip(names, grants, strict=True)]
+        )
+        assert all(isinstance(outcome, LeaseRecord) for outcome in renewed)
+        await view.until(
+            {
+                n: stored(r.version)
+                for n, r in zip(names, renewed, strict=True)
+                if isinstance(r, LeaseRecord)
+            }
+        )
+        multi_reads = reads(follower)[0] - before[0]
+        assert 10 <= multi_reads <= 40
+        assert reads(follower)[1] == before[1]
+    finally:
+        for stop in stops:
+            stop()
+        await leader.close()
+        await follower.close()
 
 
 async def test_a_path_the_server_refuses_in_a_multiread_leaves_the_others_answered() -> None:

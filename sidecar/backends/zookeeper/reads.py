@@ -35,6 +35,12 @@ _Batch = list[tuple[str, list["asyncio.Future[Node | None]"]]]
 class FollowerReads:
     # Paths per request: ~60 bytes each asked, ~300 answered for a lease's value.
     MOST = 1000
+    # The answer a request may expect, by the sizes last seen (a path not seen: `UNSEEN`):
+    # well under the most the session reads in one packet (`session.MAX_PACKET`), which a
+    # few leases rewritten with large values by hand could otherwise pass.
+    MOST_BYTES = 4 * 1024 * 1024
+    UNSEEN = 1024
+    PER_PATH = 100  # the path, the stat, the headers
     # Requests out at once: the next burst is sent while a large read is answered.
     SLOTS = 2
 
@@ -72,12 +78,19 @@ class FollowerReads:
         self._out.pop(task, None)
 
     def _take(self) -> _Batch:
-        """Up to `MOST` paths off the queue, each with the callers still waiting."""
-        batch = []
+        """Up to `MOST` paths off the queue (and about `MOST_BYTES` of answer), each with
+        the callers still waiting."""
+        batch: _Batch = []
+        size = 0
         for path in list(islice(self._queued, self.MOST)):
+            seen = self._connection.seen.get(path)
+            expected = self.PER_PATH + (self.UNSEEN if seen is None else len(seen.data))
+            if batch and size + expected > self.MOST_BYTES:
+                break
             waiting = [answer for answer in self._queued.pop(path) if not answer.done()]
             if waiting:
                 batch.append((path, waiting))
+                size += expected
         return batch
 
     async def _send(self, batch: _Batch) -> None:
