@@ -29,8 +29,8 @@ _PATH_FIRST = {CREATE, DELETE, SET_DATA, CREATE2}  # requests whose body starts 
 _OP_NAMES = {
     CREATE: "create", DELETE: "delete", 3: "exists", 4: "getData", SET_DATA: "setData",
     8: "getChildren", PING: "ping", 12: "getChildren2", 13: "check", 14: "multi",
-    CREATE2: "create2", 100: "auth", 101: "setWatches", 105: "setWatches2", 106: "addWatch",
-    -11: "closeSession",
+    22: "multiRead", CREATE2: "create2", 100: "auth", 101: "setWatches", 105: "setWatches2",
+    106: "addWatch", -11: "closeSession",
 }  # fmt: skip
 
 

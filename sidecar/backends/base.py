@@ -383,8 +383,10 @@ class ListsOnBeat(Protocol):
     requests they were two of every three it sent, batched renewals being the third.
 
     ``beat_and_list(candidate, duration)`` is `CandidateRegistry.beat` then
-    `CandidateRegistry.list`, in one atomic step: every record the store holds once the beat
-    is written (this replica's included). Raises `StoreUnavailable`."""
+    `CandidateRegistry.list`, in one round trip: every record the store holds once the beat
+    is written (this replica's included). One atomic step where the store has one (SQLite,
+    Redis); ZooKeeper, whose ``multi`` cannot read, sends the write and the read back to back
+    on one session, which the server handles in that order. Raises `StoreUnavailable`."""
 
     async def beat_and_list(self, candidate: Candidate, duration: float) -> list[Candidate]:
         """Write ``candidate``'s beat and read every record of the group (see the class)."""

@@ -206,8 +206,9 @@ async def test_candidates_beat_list_and_leave(harness: StoreHarness) -> None:
 async def test_a_beat_that_lists_writes_the_beat_and_answers_the_group_after_it(
     harness: StoreHarness,
 ) -> None:
-    """`ListsOnBeat`: one request writes this replica's beat (a new version, seen by the
-    others) and answers every record of the group as it is after that write."""
+    """`ListsOnBeat`: one request (ZooKeeper: one round trip) writes this replica's beat (a
+    new version, seen by the others) and answers every record of the group as it is after
+    that write — the first time creating the record, then over it."""
     one, other = harness.new_client(), harness.new_client()
     group = f"{harness.lease_name}-listed"
     mine = one.candidates(group)

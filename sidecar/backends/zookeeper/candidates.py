@@ -26,17 +26,18 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sidecar.backends import records
-from sidecar.backends.base import Candidate, StoreError
+from sidecar.backends.base import Candidate, StoreError, StoreUnavailable
 from sidecar.backends.kit import candidate_json
 from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.lease_json import encode
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.zookeeper import jute
+from sidecar.backends.zookeeper.connection import Node
 from sidecar.backends.zookeeper.session import ZkError
 from sidecar.logs import log
 
 if TYPE_CHECKING:
-    from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
+    from sidecar.backends.zookeeper.connection import ZooKeeperConnection
 
 logger = logging.getLogger("sidecar.zookeeper")
 
@@ -62,6 +63,7 @@ class ZooKeeperCandidates:
         self.path = f"{client.candidates_path}/{group}"
         self._last_gc = float("-inf")
         self._following = 0
+        self._names: builtins.list[str] = []  # the children the last listing found
 
     def _znode(self, identity: str) -> str:
         return f"{self.path}/{identity}"
@@ -69,14 +71,55 @@ class ZooKeeperCandidates:
     async def beat(self, candidate: Candidate, duration: float) -> None:
         async def work() -> None:
             wall = self.client.clock.wall()
-            value = encode(candidate_object(candidate, candidate.version or new_version(), wall))
-            await self._put(self._znode(candidate.identity), value)
-            now = self.client.clock.now()
-            if now - self._last_gc >= GC_EVERY:
-                self._last_gc = now
-                await self._collect(wall - timedelta(seconds=max(GC_MIN, GC_LEASES * duration)))
+            await self._put(self._znode(candidate.identity), self._value(candidate, wall))
+            await self._maybe_collect(wall, duration)
 
         await self.client.guarded(work)
+
+    async def beat_and_list(
+        self, candidate: Candidate, duration: float
+    ) -> builtins.list[Candidate]:
+        """`ListsOnBeat`: the beat's ``setData`` and the group's ``multiRead`` sent back to
+        back on the session, one round trip. A ``multi`` cannot mix reads with writes; the
+        session's order gives what the protocol asks for: the server handles the read after
+        the beat is written, so the list holds the beat (or, for another replica's record,
+        something newer — a read a moment later would show it too). A replica whose record
+        is not there yet beats with a ``create`` first and lists after it."""
+
+        async def work() -> builtins.list[Candidate]:
+            client = self.client
+            wall = client.clock.wall()
+            path = self._znode(candidate.identity)
+            value = self._value(candidate, wall)
+            known = list(self._names)
+            beat, listing = await client.calls(
+                (
+                    (jute.SET_DATA, jute.set_data(path, value, -1), "beat"),
+                    (jute.MULTI_READ, jute.multi(self._listing_ops(known)), "list"),
+                )
+            )
+            if isinstance(beat, ZkError):
+                if beat.code != jute.NO_NODE:
+                    raise beat
+                await self._put(path, value)
+                nodes = await self._nodes()
+            else:
+                if isinstance(listing, ZkError):
+                    raise listing
+                nodes = await self._nodes_from(known, jute.read_multi(listing))
+            await self._maybe_collect(wall, duration)
+            return [decode(name, node.data) for name, node in nodes.items()]
+
+        return await self.client.guarded(work)
+
+    def _value(self, candidate: Candidate, wall: datetime) -> bytes:
+        return encode(candidate_object(candidate, candidate.version or new_version(), wall))
+
+    async def _maybe_collect(self, wall: datetime, duration: float) -> None:
+        now = self.client.clock.now()
+        if now - self._last_gc >= GC_EVERY:
+            self._last_gc = now
+            await self._collect(wall - timedelta(seconds=max(GC_MIN, GC_LEASES * duration)))
 
     async def _put(self, path: str, value: bytes) -> None:
         """Write ``path`` whatever it holds, creating it (and its parents) where absent."""
@@ -104,9 +147,43 @@ class ZooKeeperCandidates:
         return await self.client.guarded(work)
 
     async def _nodes(self) -> dict[str, Node]:
-        names = await self.client.children(self.path)
-        nodes = await asyncio.gather(*(self.client.read(self._znode(name)) for name in names))
-        return {name: node for name, node in zip(names, nodes, strict=True) if node is not None}
+        """Every record of the group: its children and the records of those listed last
+        time in one ``multiRead``, and those new since in one more."""
+        known = list(self._names)
+        results = await self.client.multi_read(self._listing_ops(known), "list")
+        return await self._nodes_from(known, results)
+
+    def _listing_ops(self, known: builtins.list[str]) -> builtins.list[tuple[int, jute.Writer]]:
+        return [(jute.GET_CHILDREN, jute.path_watch(self.path))] + [
+            (jute.GET_DATA, jute.path_watch(self._znode(name))) for name in known
+        ]
+
+    async def _nodes_from(
+        self, known: builtins.list[str], results: builtins.list[jute.MultiResult]
+    ) -> dict[str, Node]:
+        """The group from a listing's answer (`_listing_ops` of ``known``): the children it
+        names, each with its record — read with the children, or now where it is new."""
+        if len(results) != len(known) + 1:
+            raise self.client.fail("error", f"a list of {len(known)} answered {len(results)}")
+        children = results[0]
+        if children.err not in (jute.OK, jute.NO_NODE):
+            raise ZkError(children.err, "list")
+        names = builtins.list(children.children)
+        self._names = names
+        nodes: dict[str, Node] = {}
+        for name, result in zip(known, results[1:], strict=True):
+            if result.err == jute.OK and result.stat is not None:
+                nodes[name] = Node(result.data or b"", result.stat)
+            elif result.err != jute.NO_NODE:
+                raise ZkError(result.err, f"read {self._znode(name)}")
+        new = [name for name in names if name not in nodes]
+        read = await self.client.read_many([self._znode(name) for name in new]) if new else []
+        for name, node in zip(new, read, strict=True):
+            if isinstance(node, StoreUnavailable):
+                raise node
+            if node is not None:
+                nodes[name] = node
+        return {name: nodes[name] for name in names if name in nodes}
 
     async def leave(self, identity: str) -> None:
         async def work() -> None:

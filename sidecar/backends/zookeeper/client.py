@@ -13,6 +13,7 @@ from sidecar.backends.kit.lease_json import renewal_value
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.candidates import ZooKeeperCandidates
 from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
+from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.store import ZooKeeperLease
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
 
@@ -21,6 +22,8 @@ RENEW_ROUNDS = 3
 # The most a multi carries: half of the server's default ``jute.maxbuffer`` (1 MiB), which
 # refuses a larger request by closing the connection.
 MAX_MULTI_BYTES = 512 * 1024
+# The most leases one read of the unseen ones asks for (`FollowerReads.MOST`).
+READ_MOST = FollowerReads.MOST
 
 
 class ZooKeeperStoreClient(ZooKeeperConnection):
@@ -48,9 +51,10 @@ class ZooKeeperStoreClient(ZooKeeperConnection):
 
     async def _renew_many(self, renewals: Sequence[Renewal]) -> list[RenewalOutcome]:
         leases = [self.lease(renewal.name) for renewal in renewals]
-        # Reads of the leases not seen yet go together on the one connection.
+        # The leases not seen yet are read together (one whose read fails renews alone).
+        unseen = list(dict.fromkeys(lease.key for lease in leases if lease.key not in self.seen))
         await asyncio.gather(
-            *(self.read(lease.key) for lease in leases if lease.key not in self.seen)
+            *(self.read_many(unseen[i : i + READ_MOST]) for i in range(0, len(unseen), READ_MOST))
         )
         outcomes: list[RenewalOutcome | None] = [None] * len(renewals)
         alone: list[int] = []  # the leases that renew with a request of their own

@@ -31,11 +31,14 @@ from sidecar.backends.kit import versions
 from sidecar.backends.kit.guard import Guard
 from sidecar.backends.kit.lease_json import decode_record
 from sidecar.backends.zookeeper import jute
+from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.session import ConnectionLost, ZkError, ZkSession
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
 from sidecar.clock import SYSTEM_CLOCK, Clock
 
 T = TypeVar("T")
+# Answers that say this client is not served at all (not about one znode).
+_NOT_SERVED = (jute.NO_AUTH, jute.AUTH_FAILED, jute.SESSION_EXPIRED)
 logger = logging.getLogger("sidecar.zookeeper")
 
 
@@ -97,6 +100,7 @@ class ZooKeeperConnection:
         self._armed = asyncio.Event()  # the watch is on for the current connection
         self._arming: asyncio.Task[None] | None = None
         self._parents_made: set[str] = set()
+        self.follower_reads = FollowerReads(self)
 
     @property
     def description(self) -> str:
@@ -187,16 +191,26 @@ class ZooKeeperConnection:
 
     async def call(self, opcode: int, body: jute.Writer, what: str) -> jute.Reader:
         """One request. Raises `ZkError` (an answer with an error code) or `StoreUnavailable`."""
+        (answer,) = await self.calls(((opcode, body, what),))
+        if isinstance(answer, ZkError):
+            raise answer
+        return answer
+
+    async def calls(
+        self, requests: Sequence[tuple[int, jute.Writer, str]]
+    ) -> list[jute.Reader | ZkError]:
+        """``requests`` (opcode, body, what) sent back to back, in one round trip
+        (`ZkSession.calls`): each answer or its `ZkError`. Raises `StoreUnavailable` when one
+        is not answered, or answered that this client may not be served."""
         try:
-            answer = await self.session.call(opcode, body, what)
+            answers = await self.session.calls(requests)
         except ConnectionLost as lost:
             raise self.fail("warning", str(lost)) from None
-        except ZkError as error:
-            if error.code in (jute.NO_AUTH, jute.AUTH_FAILED, jute.SESSION_EXPIRED):
-                raise self.fail("error", f"{what}: {error}") from None
-            raise
+        for (_opcode, _body, what), answer in zip(requests, answers, strict=True):
+            if isinstance(answer, ZkError) and answer.code in _NOT_SERVED:
+                raise self.fail("error", f"{what}: {answer}")
         self.guard.answered()
-        return answer
+        return answers
 
     async def guarded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run one store operation; anything that is not an answer about the lease becomes
@@ -228,14 +242,42 @@ class ZooKeeperConnection:
         self.saw(path, node, epoch)
         return node
 
-    async def children(self, path: str) -> list[str]:
-        try:
-            answer = await self.call(jute.GET_CHILDREN2, jute.path_watch(path), "list")
-        except ZkError as error:
-            if error.code != jute.NO_NODE:
-                raise
-            return []
-        return [answer.string() for _ in range(answer.int32())]
+    async def multi_read(
+        self, ops: Sequence[tuple[int, jute.Writer]], what: str = "read many"
+    ) -> list[jute.MultiResult]:
+        """``ops`` (`jute.GET_DATA`, `jute.GET_CHILDREN`) in one request (``multiRead``,
+        ZooKeeper 3.6+): each answered on its own, an error in one leaving the others
+        answered. Raises `StoreUnavailable` (or `ZkError`) when the request as a whole was
+        not answered."""
+        results = jute.read_multi(await self.call(jute.MULTI_READ, jute.multi(ops), what))
+        if len(results) != len(ops):
+            raise self.fail("error", f"a multiRead of {len(ops)} answered {len(results)}")
+        return results
+
+    async def read_many(self, paths: Sequence[str]) -> list[Node | StoreUnavailable | None]:
+        """What `read` answers for each of ``paths``, in one request (`multi_read`): the
+        znode, None where it is absent, or that path's own error (a `StoreUnavailable` in its
+        place, the others answered). Raises `StoreUnavailable` when the request as a whole was
+        not answered."""
+        epoch = self.epoch
+        results = await self.multi_read([(jute.GET_DATA, jute.path_watch(p)) for p in paths])
+        answers: list[Node | StoreUnavailable | None] = []
+        for path, result in zip(paths, results, strict=True):
+            if result.err == jute.OK:
+                assert result.stat is not None
+                node: Node | None = Node(result.data or b"", result.stat)
+            elif result.err == jute.NO_NODE:
+                node = None
+            else:
+                error = jute.error_name(result.err)
+                message = f"zookeeper {self.description}: read {path}: {error}"
+                # One line for a thousand paths refused alike, not one each.
+                self.guard.report("error", f"read: {error}", message)
+                answers.append(StoreUnavailable(message))
+                continue
+            self.saw(path, node, epoch)
+            answers.append(node)
+        return answers
 
     async def make_parents(self, path: str) -> None:
         """Create every missing ancestor of ``path`` (empty znodes)."""
@@ -310,4 +352,5 @@ class ZooKeeperConnection:
     async def close(self) -> None:
         if self._arming is not None:
             self._arming.cancel()
+        await self.follower_reads.close()
         await self.session.close()

@@ -19,12 +19,13 @@ DELETE = 2
 EXISTS = 3
 GET_DATA = 4
 SET_DATA = 5
-GET_CHILDREN2 = 12
+GET_CHILDREN = 8
 CHECK = 13
 MULTI = 14
 PING = 11
 CLOSE = -11
 AUTH = 100
+MULTI_READ = 22  # 3.6+: getData and getChildren, each answered on its own
 ADD_WATCH = 106
 MULTI_END = -1
 
@@ -182,7 +183,7 @@ class Stat:
 
 
 def path_watch(path: str, watch: bool = False) -> Writer:
-    """exists, getData, getChildren2."""
+    """exists, getData, getChildren."""
     return Writer().string(path).boolean(watch)
 
 
@@ -211,7 +212,8 @@ def auth(scheme: str, credential: bytes) -> Writer:
 
 
 def multi(ops: Sequence[tuple[int, Writer]]) -> Writer:
-    """Several operations, all or nothing (``ops``: opcode and body)."""
+    """Several operations (``ops``: opcode and body): writes all or nothing (`MULTI`), or
+    reads each answered on its own (`MULTI_READ`: `GET_DATA`, `GET_CHILDREN`)."""
     out = Writer()
     for opcode, body in ops:
         out.int32(opcode).boolean(False).int32(-1)
@@ -221,10 +223,13 @@ def multi(ops: Sequence[tuple[int, Writer]]) -> Writer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MultiResult:
-    """One operation's outcome in a multi: its error (0: done), and the stat of a setData."""
+    """One operation's outcome in a multi: its error (0: done), the stat of a setData or a
+    getData, the data of a getData, the children of a getChildren."""
 
     err: int
     stat: Stat | None = None
+    data: bytes | None = None
+    children: tuple[str, ...] = ()
 
 
 def read_multi(reader: Reader) -> list[MultiResult]:
@@ -240,5 +245,11 @@ def read_multi(reader: Reader) -> list[MultiResult]:
         elif opcode == CREATE:
             reader.string()
             results.append(MultiResult(OK))
+        elif opcode == GET_DATA:
+            data = reader.buffer() or b""
+            results.append(MultiResult(OK, reader.stat(), data))
+        elif opcode == GET_CHILDREN:
+            names = tuple(reader.string() for _ in range(reader.int32()))
+            results.append(MultiResult(OK, children=names))
         else:  # check, delete: nothing more
             results.append(MultiResult(OK))

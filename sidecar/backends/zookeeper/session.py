@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,7 @@ class ZkSession:
         self.negotiated_timeout = session_timeout
         self.connections = 0  # connections made (tests count reconnects)
         self.sessions = 0  # sessions started (tests count expiries)
+        self.sent: Counter[int] = Counter()  # requests sent, by opcode (tests count reads)
         self._xid = 0
         self._pending: dict[int, tuple[int, asyncio.Future[jute.Reader]]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -112,30 +114,59 @@ class ZkSession:
         """Send one request and wait for its answer, at most the request timeout in all
         (connecting included). Raises `ZkError` (an answer with an error code) or
         `ConnectionLost`."""
+        (answer,) = await self.calls(((opcode, body, what),))
+        if isinstance(answer, ZkError):
+            raise answer
+        return answer
+
+    async def calls(
+        self, requests: Sequence[tuple[int, jute.Writer, str]]
+    ) -> list[jute.Reader | ZkError]:
+        """Send ``requests`` (opcode, body, what) back to back on one connection and wait for
+        every answer: one round trip. The server handles a session's requests in the order
+        sent, each after the writes sent before it. Each answer, or its `ZkError`, in order;
+        raises `ConnectionLost` when any is not answered within the request timeout."""
         self.start()
+        futures: list[asyncio.Future[jute.Reader]] = []
+        xids: list[int] = []
+        what = ", ".join(dict.fromkeys(request[2] for request in requests))
         try:
             async with asyncio.timeout(self.request_timeout):
                 await self._connected.wait()
                 writer = self._writer
                 if writer is None:
                     raise ConnectionLost(f"{what}: not connected")
-                self._xid = self._xid + 1 if self._xid < 2**31 - 1 else 1
-                xid = self._xid
-                future: asyncio.Future[jute.Reader] = asyncio.get_running_loop().create_future()
-                self._pending[xid] = (opcode, future)
-                packet = jute.Writer().int32(xid).int32(opcode)
-                packet.parts.extend(body.parts)
-                writer.write(packet.packet())
-                try:
-                    reader = await future
-                finally:
-                    self._pending.pop(xid, None)
+                loop = asyncio.get_running_loop()
+                for opcode, body, _what in requests:
+                    self._xid = self._xid + 1 if self._xid < 2**31 - 1 else 1
+                    future: asyncio.Future[jute.Reader] = loop.create_future()
+                    self._pending[self._xid] = (opcode, future)
+                    xids.append(self._xid)
+                    futures.append(future)
+                    packet = jute.Writer().int32(self._xid).int32(opcode)
+                    packet.parts.extend(body.parts)
+                    writer.write(packet.packet())
+                    self.sent[opcode] += 1
+                answers: list[jute.Reader | ZkError] = []
+                for future in futures:
+                    try:
+                        answers.append(await future)
+                    except ZkError as error:
+                        answers.append(error)
         except TimeoutError:
             raise ConnectionLost(
                 f"{what}: no answer within {self.request_timeout:g}s"
                 + (f" ({self.problem})" if self.problem else "")
             ) from None
-        return reader
+        finally:
+            for xid in xids:
+                self._pending.pop(xid, None)
+            for future in futures:  # those not awaited: a connection lost fails them all
+                if future.done() and not future.cancelled():
+                    future.exception()
+                else:
+                    future.cancel()
+        return answers
 
     async def close(self) -> None:
         """End the session on the server (a courtesy: it would expire anyway) and stop."""

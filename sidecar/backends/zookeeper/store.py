@@ -31,15 +31,16 @@ class ZooKeeperLease(SwapLease[str, Node]):
 
     def follow(self, callback: Callable[[LeaseRecord | None], None]) -> Callable[[], None]:
         """`FollowsByCall`: the record after every (re)arming of the client's watch and after
-        every change it reports, read from the server (events carry no data). Reads of one
-        lease never overlap: changes during a read are read once more after it."""
+        every change it reports, read from the server (events carry no data) together with
+        the other leases changed at once (`reads.FollowerReads`). Reads of one lease never
+        overlap: changes during a read are read once more after it."""
         state = {"reading": False, "again": False, "stopped": False}
 
         async def read_loop() -> None:
             while state["again"] and not state["stopped"]:
                 state["again"] = False
                 try:
-                    node = await self.client.read(self.key)
+                    node = await self.client.follower_reads.read(self.key)
                 except Exception:  # unavailable: the next connection reads again
                     continue
                 if not state["stopped"]:
