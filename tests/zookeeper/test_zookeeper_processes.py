@@ -156,7 +156,9 @@ async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
     it), so their client starts anew; the replicas that find the lease gone wait the loss out
     (nobody is granted for a lease after the first of them saw it); leadership returns under a
     term above every term served before, and no term is served by two identities. A hand-off
-    first, so that a term counted from the empty store again would show."""
+    first, so that a term counted from the empty store again would show. The ensemble stays
+    down until the leader demoted: back within a lease, the leader would put its grant back
+    and go on leading under its term, as designed (rule 5) — the test once raced that."""
     url = members.url(fresh_chroot("restored"))
     with sidecars(["a", "b", "c"], url, lease_duration=f"{LEASE:g}s") as procs:
         async with observing(procs) as observer:
@@ -165,13 +167,17 @@ async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
             highest = max(s.term or 0 for s in observer.samples if s.leader)
             assert highest >= 2
             wiped_at = time.time()
-            await asyncio.to_thread(members.restore_empty)
-            serving_at = time.time()
+            for member in members.members:  # down and empty until the leader's deadline passed
+                await asyncio.to_thread(member.wipe)
             demoted = await observer.wait_for(
                 lambda s: s.name == leader.name and not s.leader and s.sent >= wiped_at,
                 timeout=LEASE + 1,
             )
             assert demoted.received < wiped_at + LEASE + 0.3, (demoted, wiped_at)
+            for member in members.members:
+                member.launch()
+            await asyncio.to_thread(members.wait_serving)
+            serving_at = time.time()
             again = await observer.leader(timeout=4 * LEASE + 5, after=serving_at)
             assert again.term is not None
             assert again.term > highest, (again, highest)
