@@ -26,7 +26,6 @@ Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's su
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import random
@@ -62,18 +61,6 @@ T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")
 
 
-async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) -> T:
-    """Await ``work`` on ``loop`` (the election's), from whichever loop is running."""
-    if loop is None or loop is asyncio.get_running_loop():
-        return await work
-    # run_coroutine_threadsafe wants a coroutine; every caller passes one.
-    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
-        work,  # type: ignore[arg-type]
-        loop,
-    )
-    return await asyncio.wrap_future(future)
-
-
 def _taken_by(record: LeaseRecord | None) -> str:
     """The demotion reason when the store shows the lease is no longer ours: an operator's
     hold (`leader-sidecar hold`), or lost."""
@@ -97,7 +84,6 @@ class Elector:
         "_acquire_slots",
         "_beat_sent_at",
         "_change_listeners",
-        "_changed",
         "_clock",
         "_gap_alerted",
         "_gap_listeners",
@@ -206,9 +192,6 @@ class Elector:
         # a renewal), not a retry: only such a renewal may go early to join a batch (a retry
         # may be waiting for the store's Retry-After).
         self._on_beat = False
-        # Set (and replaced) when the ETag changes; made only once a long-poll waits on this
-        # elector (an Event is ~0.7 KB, and a sidecar may run 10,000 electors).
-        self._changed: asyncio.Event | None = None
         self._published: tuple[bool, str | None, int] | None = None  # `_shown` when published
         # Tuples, the empty one shared: a list each cost ~90 bytes more per elector.
         self._transition_listeners: tuple[Callable[[Transition], None], ...] = ()
@@ -1013,9 +996,6 @@ class Elector:
         shown = self._shown(self._clock.now())
         if shown != self._published:
             self._published = shown
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
             for listener in self._change_listeners:
                 try:
                     listener(self)
