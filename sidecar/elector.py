@@ -52,6 +52,7 @@ from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
 from sidecar.renewal import renew_held
+from sidecar.renewal_gaps import RenewalGaps
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from sidecar.store_call import ANSWERS, store_call
 from sidecar.supervisor import Supervisor
@@ -85,13 +86,11 @@ class Elector:
         "_beat_sent_at",
         "_change_listeners",
         "_clock",
-        "_gap_alerted",
-        "_gap_listeners",
+        "_gaps",
         "_gate",
         "_hold_off_until",
         "_holders_seen",
         "_last_error",
-        "_last_renewal_sent",
         "_last_store_answer",
         "_lock",
         "_loop",
@@ -148,7 +147,6 @@ class Elector:
         self._role = Role.FOLLOWER
         self._term = 0  # term of our own grant while leading
         self._valid_until = float("-inf")
-        self._last_renewal_sent = float("-inf")
         self._view = LeaseView(identity, timing.lease_duration, stand_back)  # rules 2, 5 and 8
         # How long this replica should wait before taking one more lease (0: go): the
         # balancer's share and whose turn it is. Asked only for a lease that is free
@@ -169,7 +167,7 @@ class Elector:
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
         self._hold_off_until = float("-inf")
-        self._gap_alerted = False
+        self._gaps = RenewalGaps(self)
         self._last_error: str | None = None
         # When the renewal now in flight was sent (alone or in a batch): a gap alert raised
         # while it is out says so instead of "no error" (the store has not answered yet).
@@ -199,7 +197,6 @@ class Elector:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
         self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
         self._muted = False  # `mute`: draining, answer 503 while the lease is still held
-        self._gap_listeners: tuple[Callable[[GapAlert], None], ...] = ()
         metrics.bind(self)
 
     # -- what the API reads -------------------------------------------------------------
@@ -263,6 +260,11 @@ class Elector:
     def last_error(self) -> str | None:
         return self._last_error
 
+    @property
+    def renewal_out(self) -> float | None:
+        """When the renewal now in flight was sent; None while none is."""
+        return self._renewal_out
+
     def store_answered_within(self, seconds: float) -> bool:
         """For ``/readyz``: did the store answer (any answer) recently?"""
         return self._clock.now() - self._last_store_answer <= seconds
@@ -272,7 +274,7 @@ class Elector:
         self._transition_listeners = (*self._transition_listeners, listener)
 
     def on_gap_alert(self, listener: Callable[[GapAlert], None]) -> None:
-        self._gap_listeners = (*self._gap_listeners, listener)
+        self._gaps.on_alert(listener)
 
     def on_change(self, listener: Callable[[Elector], None]) -> None:
         """``listener(elector)`` is called (on the election's thread) whenever the ETag
@@ -381,13 +383,13 @@ class Elector:
         if self._role is not Role.LEADER:
             return []
         timers = [self._valid_until]
-        if not self._gap_alerted:
-            timers.append(self._last_renewal_sent + self.timing.lease_duration / 2)
+        if not self._gaps.alerted:
+            timers.append(self._gaps.half_mark)
         return timers
 
     def tick(self, now: float) -> None:
         """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
-        self._check_growing_gap(now)
+        self._gaps.check(now)
         self._past_deadline(now)
 
     def _past_deadline(self, now: float) -> bool:
@@ -456,14 +458,7 @@ class Elector:
         """Steps 1 and 2 of `step` for a leader: a batch of one of its own ``renew``, counted
         as this lease's and cut at its deadline. The delay until the next step, or None when
         it demoted at step 1."""
-        # A renewal still in flight at the half-lease mark is a growing gap too: alert on
-        # time, not when (or if) the request comes back — also where no scheduler's timer
-        # watches. (+10 ms: asyncio may run a timer up to one clock resolution early.)
-        half_mark = self._last_renewal_sent + self.timing.lease_duration / 2
-        alarm = asyncio.get_running_loop().call_later(
-            max(0.0, half_mark - self._clock.now()) + 0.01,
-            lambda: self._check_growing_gap(self._clock.now()),
-        )
+        alarm = self._gaps.alarm()  # a renewal still out at the half-lease mark is alerted
         try:
             done = await renew_held(
                 [self],
@@ -491,7 +486,7 @@ class Elector:
         # (another write raced ours; the store re-read a record that is still ours) is
         # retried at once: waiting a retry period could cost the deadline for nothing.
         now = self._clock.now()
-        self._check_growing_gap(now)
+        self._gaps.check(now)
         if self._past_deadline(now):
             return self._retry_delay()
         if isinstance(failed, Conflict):
@@ -887,8 +882,7 @@ class Elector:
         previous = self._replaced_holder(record.term)
         self._term = record.term
         self._on_beat = True
-        self._last_renewal_sent = sent
-        self._gap_alerted = False
+        self._gaps.began(sent)
         self._role_since = self._clock.wall()
         self._role = Role.LEADER
         self._observe(record)
@@ -922,13 +916,8 @@ class Elector:
         return earlier[-1] if earlier else None
 
     def _renewed(self, sent: float, record: LeaseRecord) -> None:
-        gap = sent - self._last_renewal_sent
-        self.metrics.renewal_gap.observe(gap)
-        if gap > self.timing.lease_duration / 2 and not self._gap_alerted:
-            self._alert_gap(gap, growing=False)
-        self._gap_alerted = False
+        self._gaps.renewed(sent)
         self._last_error = None
-        self._last_renewal_sent = sent
         self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
         self._observe(record)
 
@@ -938,7 +927,7 @@ class Elector:
         if reason == "deadline":
             # The gap that ends in this demotion (a stall, a pause, a store that never
             # answered) is the one the half-lease alert exists for: count and report it first.
-            self._check_growing_gap(self._clock.now())
+            self._gaps.check(self._clock.now())
         self._valid_until = float("-inf")  # first: "leader" turns false before anything else
         self._role = Role.FOLLOWER
         self._role_since = self._clock.wall()
@@ -1002,12 +991,8 @@ class Elector:
                 except Exception:
                     logger.exception("change listener failed")
 
-    # -- renewal gaps -------------------------------------------------------------------
-
     def seconds_since_renewal(self) -> float:
-        if self._role is not Role.LEADER:
-            return 0.0
-        return max(0.0, self._clock.now() - self._last_renewal_sent)
+        return self._gaps.since_last() if self._role is Role.LEADER else 0.0
 
     def hold_shown(self) -> tuple[float, float] | None:
         """For a lease on an operator's hold: (seconds since this replica first saw it, the
@@ -1017,38 +1002,6 @@ class Elector:
         if record is None or since is None or not is_hold(record.holder):
             return None
         return max(0.0, self._clock.now() - since), record.duration
-
-    def _check_growing_gap(self, now: float) -> None:
-        if self._role is not Role.LEADER or self._gap_alerted:
-            return
-        gap = now - self._last_renewal_sent
-        if gap > self.timing.lease_duration / 2:
-            self._alert_gap(gap, growing=True)
-
-    def _alert_gap(self, gap: float, *, growing: bool) -> None:
-        """Once per episode: an episode ends with the next successful renewal."""
-        self._gap_alerted = True
-        self.metrics.gap_over_half_lease.inc()
-        last_error = self._last_error
-        if last_error is None and self._renewal_out is not None:
-            waited = self._clock.now() - self._renewal_out
-            last_error = f"renewal sent {waited:.3f}s ago, no answer yet"
-        log(
-            logger,
-            "warning",
-            "renewal gap past half the lease",
-            lease=self.lease,
-            gap_seconds=round(gap, 3),
-            lease_duration_seconds=self.timing.lease_duration,
-            still_growing=growing,
-            last_error=last_error,
-        )
-        alert = GapAlert(gap, self.timing.lease_duration, growing, last_error, self.status())
-        for listener in self._gap_listeners:
-            try:
-                listener(alert)
-            except Exception:
-                logger.exception("gap alert listener failed")
 
     # -- the watch ----------------------------------------------------------------------
 
