@@ -17,7 +17,7 @@ It imports only the backend interface. The safety rules of docs/design.md live h
 * Rule 5 — a leader stops at once when it sees a grant to another identity at a term at or
   above its own; when it sees the store lost its grant, it renews at once, which puts the
   grant back (the store's `renew` restores a forgotten grant).
-* Rule 7 — `release()` demotes locally first, then releases conditionally.
+* Rule 7 — `release()` demotes locally first, then releases conditionally (`sidecar.release`).
 
 Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix (see
 `sidecar.config`).
@@ -51,6 +51,7 @@ from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
+from sidecar.release import give_back, step_down
 from sidecar.renewal import renew_held
 from sidecar.renewal_gaps import RenewalGaps
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
@@ -249,6 +250,11 @@ class Elector:
         return self._role
 
     @property
+    def term(self) -> int:
+        """The term of our own grant while leading (the last one led on, after)."""
+        return self._term
+
+    @property
     def high_water(self) -> int:
         return self._view.high_water
 
@@ -399,7 +405,7 @@ class Elector:
         sent (`begin_renewal`), and when one fails or is confirmed too late. True if it
         demoted now."""
         if self._role is Role.LEADER and now >= self._valid_until:
-            self._demote("deadline")
+            self.demote("deadline")
             return True
         return False
 
@@ -479,8 +485,8 @@ class Elector:
         """A renewal that did not renew: the delay until the next step."""
         self._on_beat = False
         if isinstance(failed, NotOwned):
-            self._observe(failed.record)
-            self._demote(_taken_by(failed.record))
+            self.observe(failed.record)
+            self.demote(_taken_by(failed.record))
             return self._follower_delay()
         # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
         # (another write raced ours; the store re-read a record that is still ours) is
@@ -490,7 +496,7 @@ class Elector:
         if self._past_deadline(now):
             return self._retry_delay()
         if isinstance(failed, Conflict):
-            self._observe(failed.record)
+            self.observe(failed.record)
             return min(self._herd_jitter(), self._valid_until - now)
         return self._renewal_retry(now, failed)
 
@@ -499,7 +505,7 @@ class Elector:
         if self._past_deadline(self._clock.now()):
             # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
             # leading for real; the next step re-acquires under a new term.
-            self._observe(record)
+            self.observe(record)
             return 0.0
         self._renewed(sent, record)
         self._on_beat = True
@@ -536,9 +542,9 @@ class Elector:
             # grant): the answer is only an observation. A grant renewed after the deadline
             # shows our name and is taken back under a new term (rule 5).
             if isinstance(outcome, LeaseRecord):
-                self._observe(outcome)
+                self.observe(outcome)
             elif isinstance(outcome, (NotOwned, Conflict)):
-                self._observe(outcome.record)
+                self.observe(outcome.record)
             else:
                 self._view.lost_sight()
             delay = self._follower_delay()
@@ -576,11 +582,11 @@ class Elector:
             # A request failed since we last saw the store: look before taking anything, so
             # a loss we could not see (the store restarted meanwhile) is waited out on its own.
             try:
-                record = await self._call("read", self.store.read, self.timing.request_timeout)
+                record = await self.request("read", self.store.read, self.timing.request_timeout)
             except StoreError:
                 self._view.lost_sight()
                 return self._retry_delay()
-            self._observe(record)
+            self.observe(record)
             return self._follower_delay()
         attempt = self._view.next_attempt(sent)
         handed_to_us = attempt.why == "own" and self._handed_to_us()
@@ -606,7 +612,7 @@ class Elector:
                 # from before that wait came with its deadline spent (the start-up
                 # losses at the holder's own deadline).
                 sent = self._clock.now()
-                record = await self._call(
+                record = await self.request(
                     "acquire",
                     lambda: self.store.try_acquire(
                         self.identity,
@@ -618,7 +624,7 @@ class Elector:
                 )
         except (LeaseHeld, Conflict) as refused:
             # The store holds something else than what we named: observe it and decide anew.
-            self._observe(refused.record)
+            self.observe(refused.record)
             now = self._clock.now()
             due = self._view.next_attempt(now).at <= now
             if due and not second_try and isinstance(refused, LeaseHeld):
@@ -639,7 +645,7 @@ class Elector:
                 highest_seen=attempt.min_term,
                 store=self.store.description,
             )
-            self._observe(record)
+            self.observe(record)
             return self._retry_delay()
         if attempt.why == "lost":
             log(
@@ -711,7 +717,7 @@ class Elector:
         share applies (the acquire slots do: at a store restart, every lease is marked)."""
         try:
             async with self._acquire_slots or contextlib.nullcontext():
-                record = await self._call(
+                record = await self.request(
                     "mark_lost",
                     lambda: self.store.mark_lost(seen, self.timing.lease_duration),
                     self.timing.request_timeout,
@@ -719,7 +725,7 @@ class Elector:
         except StoreError:
             self._view.lost_sight()
             return self._retry_delay()
-        self._observe(record)
+        self.observe(record)
         if record is not None and record.forgotten and record.term == seen:
             log(
                 logger,
@@ -738,134 +744,20 @@ class Elector:
         successor: str | None = None,
         handed: str | None = None,
     ) -> bool:
-        """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
-        start), then release the lease at the store, conditional on holder and term, so a
-        follower can take over within one round trip (rule 7); naming ``successor`` makes the
-        others stand back briefly so that one takes it. With ``handed`` too (the version of
-        the successor's candidate record it was chosen by) the release grants the lease to
-        the successor in the same write, where the store can (`LeaseStore.hand_over`): it
-        then leads as soon as it sees the write. False if not leading."""
-        budget = self.timing.request_timeout if timeout is None else timeout
-        try:
-            # A step in flight holds the lock for at most one request: never wait longer.
-            # (`asyncio.timeout`, not `wait_for`: a free lock is then taken at once, where
-            # `wait_for`'s task let every ready task run first — about 0.4 ms of a hand-off.)
-            async with asyncio.timeout(budget + self.timing.request_timeout):
-                await self._lock.acquire()
-        except TimeoutError:
-            # Demote all the same (/leader says 503 first); the lease then expires.
-            leading = self._role is Role.LEADER
-            self._demote(reason)
-            return leading
-        try:
-            return await self._release_locked(reason, budget, successor, handed)
-        finally:
-            self._lock.release()
-
-    async def _release_locked(
-        self, reason: str, budget: float, successor: str | None, handed: str | None
-    ) -> bool:
-        if self._role is not Role.LEADER:
-            if self._stopping:
-                await self._give_back_handed(budget, look=False)
-            return False
-        term = self._term
-        settled = asyncio.Event()
-        self._demote(reason, settled=settled)
-        try:
-            return await self._release_as(reason, budget, term, successor, handed)
-        finally:
-            settled.set()
-
-    async def _release_as(
-        self, reason: str, budget: float, term: int, successor: str | None, handed: str | None
-    ) -> bool:
-        if reason == "released":
-            # Give the others the lease instead of taking it straight back.
-            self._hold_off_until = self._clock.now() + self.timing.lease_duration
-            self._next_attempt = max(self._next_attempt, self._hold_off_until)
-        record: LeaseRecord | None
-        try:
-            if successor is not None and handed is not None and self.store.hands_over:
-                to, by = successor, handed
-                record = await self._call(
-                    "hand_over",
-                    lambda: self.store.hand_over(
-                        self.identity,
-                        term,
-                        successor=to,
-                        handed=by,
-                        duration=self.timing.lease_duration,
-                        min_term=self._view.high_water,
-                    ),
-                    budget,
-                )
-            else:
-                record = await self._call(
-                    "release",
-                    lambda: (
-                        self.store.release(self.identity, term, successor=successor)
-                        if successor is not None
-                        else self.store.release(self.identity, term)
-                    ),
-                    budget,
-                )
-            self._observe(record)
-        except NotOwned as gone:
-            self._observe(gone.record)
-        except StoreError as exc:
-            # It may have landed, or still land: look before taking anything (the view still
-            # shows the grant in our name).
-            self._view.lost_sight()
-            log(
-                logger,
-                "warning",
-                "could not release the lease; it will expire on its own",
-                lease=self.lease,
-                error=str(exc),
-                expires_within_seconds=self.timing.lease_duration,
-            )
-        return True
+        """Step down: demote locally first, then release the lease at the store, conditional on
+        holder and term (rule 7); ``successor`` and ``handed`` for a hand-over
+        (`sidecar.release`). False if not leading."""
+        return await step_down(self, reason, timeout, successor, handed)
 
     async def give_back_handed(self, budget: float) -> None:
-        """Shutting down, holding nothing: read the lease, and release a grant handed to us
-        since (see `_give_back_handed`)."""
-        try:
-            await asyncio.wait_for(self._lock.acquire(), budget)
-        except TimeoutError:
-            return
-        try:
-            await self._give_back_handed(budget, look=True)
-        finally:
-            self._lock.release()
+        """Shutting down, holding nothing: release a grant handed to us since
+        (`sidecar.release`)."""
+        await give_back(self, budget)
 
-    async def _give_back_handed(self, budget: float, *, look: bool) -> None:
-        """Shutting down, with a grant handed to us that we never took (the leader chose us
-        a moment before it could know we were leaving): release it, so that the others may
-        take it at once rather than wait it out. ``look``: read the store first."""
-        if self._role is Role.LEADER:
-            return
-        if look:
-            try:
-                self._observe(await self._call("read", self.store.read, budget))
-            except StoreError:
-                return
-        record = self._view.record
-        if record is None or record.holder != self.identity or record.handed is None:
-            return
-        try:
-            self._observe(
-                await self._call(
-                    "release",
-                    lambda: self.store.release(self.identity, record.term),
-                    budget,
-                )
-            )
-        except NotOwned as gone:
-            self._observe(gone.record)
-        except StoreError:
-            return
-        log(logger, "info", "released a grant handed over while shutting down", lease=self.lease)
+    def stand_back(self) -> None:
+        """After a voluntary release: give the others the lease for one lease (rule 7)."""
+        self._hold_off_until = self._clock.now() + self.timing.lease_duration
+        self._next_attempt = max(self._next_attempt, self._hold_off_until)
 
     # -- state changes ------------------------------------------------------------------
 
@@ -885,7 +777,7 @@ class Elector:
         self._gaps.began(sent)
         self._role_since = self._clock.wall()
         self._role = Role.LEADER
-        self._observe(record)
+        self.observe(record)
         # Last: the listeners' thread reads `status()` without a lock, so "leader" turns true
         # only once every other field is this reign's (a torn read once answered "leader" with
         # the follower period's `since`; the sharded chaos run, seed 3303, saw it).
@@ -919,9 +811,10 @@ class Elector:
         self._gaps.renewed(sent)
         self._last_error = None
         self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
-        self._observe(record)
+        self.observe(record)
 
-    def _demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None:
+    def demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None:
+        """Stop leading now: ``/leader`` turns 503 first, then the listeners hear why."""
         if self._role is not Role.LEADER:
             return
         if reason == "deadline":
@@ -946,7 +839,7 @@ class Elector:
         )
         self._notify(Transition(Role.FOLLOWER, reason, self.status(), None, settled))
 
-    def _observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
+    def observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
         """Every answer from the store goes through here, timed when it *arrived*."""
         if self._view.observe(record, self._clock.now(), from_watch=from_watch):
             log(
@@ -1016,7 +909,7 @@ class Elector:
 
     def on_watch(self, record: LeaseRecord | None) -> None:
         """React to a change seen by the store's watch, without a store call."""
-        self._observe(record, from_watch=True)
+        self.observe(record, from_watch=True)
         now = self._clock.now()
         if self._role is Role.LEADER:
             if lost_grant(record, self._term) or (record is not None and record.unreadable):
@@ -1029,7 +922,7 @@ class Elector:
             ):
                 # A grant to someone else at our term or later, a later grant, or a release of
                 # our grant: the others may lead now, so stop at once (rule 5).
-                self._demote(_taken_by(record))
+                self.demote(_taken_by(record))
                 self._ask_for_attempt(now + self._follower_delay())
             else:
                 self.store_answers()  # our grant, read again: a renewal that failed goes now
@@ -1066,7 +959,7 @@ class Elector:
     def _retry_delay(self) -> float:
         return self.timing.retry_period * self._rng.uniform(1.0, 1.5)
 
-    async def _call(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
+    async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
         """One store request within ``budget`` seconds (`sidecar.store_call`), counted as this
         lease's. Every outcome also tells the sidecar's probe whether the store answers."""
         try:
