@@ -44,7 +44,6 @@ from sidecar.backends.base import (
     StoreUnavailable,
     is_hold,
     lost_grant,
-    room_for_marker,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
@@ -90,7 +89,6 @@ class Elector:
         "_gaps",
         "_gate",
         "_hold_off_until",
-        "_holders_seen",
         "_last_error",
         "_last_store_answer",
         "_lock",
@@ -177,9 +175,6 @@ class Elector:
         # request (`store_answers`) does not bring a retry before it.
         self._retry_not_before = float("-inf")
         self._last_store_answer = float("-inf")
-        # The last two grants the store showed, (holder, term), us included, newest last: the
-        # grant a new one of ours replaces (the one before, when we saw ours already: handed).
-        self._holders_seen: list[tuple[str, int]] = []
         self._reported_version: str | None = None  # the last bad record logged and counted
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
@@ -699,18 +694,9 @@ class Elector:
         )
 
     def _loss_to_write_down(self) -> int | None:
-        """The term to write down in a loss marker, if any (rule 5): following, in a loss,
-        and the store shows nothing — or a marker or a release below the highest term we saw.
-        Without it, a replica that starts during the wait would see no term at all and grant
-        term 1 again (and its successors 2, 3, ... again): the README's limit, shrunk to the
-        moments between the loss and this write. Over a lower release: the count that started
-        again (a replica that started before anyone wrote the loss down) would otherwise climb
-        from it, under our eyes, to the term we saw."""
-        view = self._view
-        seen = view.high_water
-        if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:
-            return None  # (blind: a request just failed; look again before writing)
-        return seen if room_for_marker(view.record, seen) else None
+        """The term to write down in a loss marker, if any: only a follower writes one
+        (rule 5, `LeaseView.loss_to_write_down`)."""
+        return None if self._role is Role.LEADER else self._view.loss_to_write_down()
 
     async def _write_loss_down(self, seen: int) -> float:
         """Mark the loss in the store; a conditional write that never grants, so no wait or
@@ -771,7 +757,7 @@ class Elector:
     ) -> None:
         """``sent``: when our grant's request was sent (a handed grant: when we took it,
         for the renewal gaps; its deadline comes as ``valid_until``)."""
-        previous = self._replaced_holder(record.term)
+        previous = self._view.replaced_holder(record.term, self._term)
         self._term = record.term
         self._on_beat = True
         self._gaps.began(sent)
@@ -796,16 +782,6 @@ class Elector:
             how=how,
         )
         self._notify(Transition(Role.LEADER, "acquired", self.status(), previous))
-
-    def _replaced_holder(self, term: int) -> str | None:
-        """Who held the grant our new one (``term``) replaced: the newest grant seen below it
-        — ours only if we led with it (not a hand-over's grant we took again by a write)."""
-        earlier = [
-            holder
-            for holder, seen in self._holders_seen
-            if seen < term and (holder != self.identity or seen == self._term)
-        ]
-        return earlier[-1] if earlier else None
 
     def _renewed(self, sent: float, record: LeaseRecord) -> None:
         self._gaps.renewed(sent)
@@ -853,10 +829,6 @@ class Elector:
                 losses_in_a_row=self._view.losses_in_a_row,
                 wait_seconds=self.timing.lease_duration,
             )
-        if record is not None and record.holder is not None:
-            grant = (record.holder, record.term)
-            if grant not in self._holders_seen:
-                self._holders_seen = [*self._holders_seen[-1:], grant]
         bad = record is not None and (record.unreadable or record.ignored)
         if bad and record is not None and record.version != self._reported_version:
             self._reported_version = record.version  # once per stored version
@@ -890,11 +862,7 @@ class Elector:
     def hold_shown(self) -> tuple[float, float] | None:
         """For a lease on an operator's hold: (seconds since this replica first saw it, the
         hold's length); None otherwise. Read at scrape time."""
-        record = self._view.record
-        since = self._view.unchanged_since
-        if record is None or since is None or not is_hold(record.holder):
-            return None
-        return max(0.0, self._clock.now() - since), record.duration
+        return self._view.hold_shown(self._clock.now())
 
     # -- the watch ----------------------------------------------------------------------
 
