@@ -49,6 +49,7 @@ from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
+from sidecar.pacing import follower_delay, herd_jitter, probe_wait, renewal_retry, retry_delay
 from sidecar.probe import StoreProbe
 from sidecar.release import give_back, step_down
 from sidecar.renewal import renew_held
@@ -92,7 +93,6 @@ class Elector:
         "_last_error",
         "_last_store_answer",
         "_lock",
-        "_loop",
         "_muted",
         "_next_attempt",
         "_on_beat",
@@ -190,8 +190,7 @@ class Elector:
         # Tuples, the empty one shared: a list each cost ~90 bytes more per elector.
         self._transition_listeners: tuple[Callable[[Transition], None], ...] = ()
         self._change_listeners: tuple[Callable[[Elector], None], ...] = ()
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
-        self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
+        self._stopping = False  # set by `stop`: no new step starts, whatever a cancel turned into
         self._muted = False  # `mute`: draining, answer 503 while the lease is still held
         metrics.bind(self)
 
@@ -331,7 +330,6 @@ class Elector:
         """Follow the store's watch (restarted by the supervisor if it fails); the scheduler
         starts it and cancels it when it ends. A store that calls a function on each change
         (`FollowsByCall`) is followed without a task: the function returned stops it."""
-        self._loop = asyncio.get_running_loop()
         if isinstance(self.store, FollowsByCall):
             return self.store.follow(self.on_watch)
         return self._supervisor.spawn("lease-watch", self._follow_watch)
@@ -417,14 +415,14 @@ class Elector:
             #    unless the store refuses: then the sidecar's one probe asks for us.
             if delay is None:
                 now = self._clock.now()
-                if (waiting := self._waiting_for_probe(now)) is not None:
+                if (waiting := probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
                 delay = await self._acquire(now)
             # 4. A loss seen, the store holding nothing or a lower term: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
                 now = self._clock.now()
-                if (waiting := self._waiting_for_probe(now)) is not None:
+                if (waiting := probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
                 delay = await self._write_loss_down(seen)
             # 5. The watch may have seen something while we were busy (a release, our own name,
@@ -436,17 +434,6 @@ class Elector:
                 self._watch_asked = float("inf")
             self._next_attempt = min(now + delay, max(now, self._watch_asked))
             return delay
-
-    def _waiting_for_probe(self, now: float) -> float | None:
-        """None when a follower may send now; else seconds to wait: for the store's
-        ``Retry-After``, or (``inf``) until the probe finds the store answering again."""
-        probe = self._probe
-        if probe is None:
-            return None
-        if probe.refusing:
-            return float("inf")
-        wait = probe.wait_after(now)
-        return wait if wait > 0 else None
 
     def _park(self, now: float, wait: float) -> float:
         """Wait for the probe without a request. The probe's owner pokes every elector when
@@ -492,8 +479,11 @@ class Elector:
             return self._retry_delay()
         if isinstance(failed, Conflict):
             self.observe(failed.record)
-            return min(self._herd_jitter(), self._valid_until - now)
-        return self._renewal_retry(now, failed)
+            return min(herd_jitter(self.timing, self._rng), self._valid_until - now)
+        delay, self._retry_not_before = renewal_retry(
+            now, self._valid_until, failed, self.timing, self._rng
+        )
+        return delay
 
     def _renewal_answered(self, sent: float, record: LeaseRecord) -> float:
         """A renewal sent at ``sent`` that the store confirmed."""
@@ -552,25 +542,6 @@ class Elector:
         now = self._clock.now()
         self._next_attempt = min(now + delay, max(now, self._watch_asked))
         return delay
-
-    def _renewal_retry(self, now: float, failed: StoreError) -> float:
-        """When a leader whose renewal failed tries again: a retry period on, or later if the
-        store asked (``Retry-After``) — but only while its deadline allows one more request
-        before it (rule 3). Never past the deadline."""
-        room = self._valid_until - now
-        last_chance = room - self.timing.request_timeout
-        delay = self._retry_delay()
-        retry_after = failed.retry_after if isinstance(failed, StoreUnavailable) else None
-        self._retry_not_before = float("-inf")
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, last_chance))
-            self._retry_not_before = now + min(retry_after, last_chance)
-        elif last_chance > 0:
-            # A retry period may end past the deadline; the last moment a whole request still
-            # fits before it comes first (a store back by then keeps the term). Only once: by
-            # then no whole request fits any more.
-            delay = min(delay, last_chance)
-        return min(delay, room)
 
     async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
         if self._view.blind:
@@ -897,7 +868,7 @@ class Elector:
             return
         if self._loss_to_write_down() is not None:
             # Write the loss down soon (a little spread: the first marker stops the others).
-            self._ask_for_attempt(now + self._herd_jitter())
+            self._ask_for_attempt(now + herd_jitter(self.timing, self._rng))
             return
         self._ask_for_attempt(now + self._follower_delay())
 
@@ -906,26 +877,13 @@ class Elector:
         self._watch_asked = min(self._watch_asked, at)
         self.wake_scheduler(self)
 
-    # -- timing -------------------------------------------------------------------------
+    # -- timing and requests -----------------------------------------------------------
 
     def _follower_delay(self, *, raced: bool = False) -> float:
-        """Until the next attempt the view allows: at the exact observed expiry, or at once for
-        a release, a new lease or our own name — a hand-off is one notification plus one round
-        trip. Jitter only where followers would collide again: after a lost race, and at an
-        expiry they all timed from the same renewal."""
-        now = self._clock.now()
-        attempt = self._view.next_attempt(now)
-        wait = max(0.0, attempt.at - now)
-        if wait > 0 or raced:
-            return wait + self._herd_jitter()
-        return 0.0
-
-    def _herd_jitter(self) -> float:
-        """A little spread so followers woken together do not all hit the store at once."""
-        return self._rng.uniform(0, min(0.1 * self.timing.retry_period, 0.05))
+        return follower_delay(self._view, self._clock.now(), self.timing, self._rng, raced=raced)
 
     def _retry_delay(self) -> float:
-        return self.timing.retry_period * self._rng.uniform(1.0, 1.5)
+        return retry_delay(self.timing, self._rng)
 
     async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
         """One store request within ``budget`` seconds (`sidecar.store_call`), counted as this
