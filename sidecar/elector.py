@@ -8,7 +8,7 @@ It imports only the backend interface. The safety rules of docs/design.md live h
   `sidecar.renewal`, which times it from its sending.
   A grant a hand-over wrote to us counts from when we sent the candidate beat the releasing
   holder chose us by: that beat was read before the hand-over was written, so the moment is
-  before the write, as a renewal's sending is (`_take_handed`).
+  before the write, as a renewal's sending is (`sidecar.follower`).
 * Rule 4 — `status()` compares the clock with `valid_until` on every call; no cached flag.
 * Rules 2, 5 and 8 — `sidecar.observed.LeaseView` decides when a follower may try to
   acquire, naming the version it watched unchanged for a lease (observed expiry, the same for
@@ -21,6 +21,11 @@ It imports only the backend interface. The safety rules of docs/design.md live h
 
 Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix (see
 `sidecar.config`).
+
+Here are the state and its changes; the requests that drive them live beside it, each reaching
+the elector through a Protocol of its own: a follower's writes in `sidecar.follower`, the
+renewal in `sidecar.renewal`, stepping down in `sidecar.release`. How long to wait between
+steps is `sidecar.pacing`; a leader's renewal gaps and their alert, `sidecar.renewal_gaps`.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sidecar import pacing
 from sidecar.backends.base import (
     Conflict,
     FollowsByCall,
-    LeaseHeld,
     LeaseRecord,
     LeaseStore,
     NotOwned,
@@ -46,10 +51,10 @@ from sidecar.backends.base import (
     lost_grant,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.follower import acquire, write_loss_down
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
-from sidecar.pacing import follower_delay, herd_jitter, probe_wait, renewal_retry, retry_delay
 from sidecar.probe import StoreProbe
 from sidecar.release import give_back, step_down
 from sidecar.renewal import renew_held
@@ -83,13 +88,9 @@ class Elector:
     # something sets an attribute not listed here (a test patching a method).
     __slots__ = (
         "__dict__",
-        "_acquire_slots",
-        "_beat_sent_at",
         "_change_listeners",
         "_clock",
         "_gaps",
-        "_gate",
-        "_hold_off_until",
         "_last_error",
         "_last_store_answer",
         "_lock",
@@ -111,6 +112,10 @@ class Elector:
         "_valid_until",
         "_view",
         "_watch_asked",
+        "acquire_slots",
+        "beat_sent_at",
+        "gate",
+        "hold_off_until",
         "identity",
         "lease",
         "metrics",
@@ -151,21 +156,21 @@ class Elector:
         # balancer's share and whose turn it is. Asked only for a lease that is free
         # or expired; never for our own or one handed to us. Liveness only: a wait delays an
         # attempt, it never grants anything.
-        self._gate = gate
+        self.gate = gate
         # Shared by the electors of one sidecar: at most so many acquires in flight, so that
         # 1,000 leases up for grabs at start-up never queue a renewal behind them at the store.
-        self._acquire_slots = acquire_slots
+        self.acquire_slots = acquire_slots
         # When this replica sent the candidate beat of a version (None: not one of ours, or
         # forgotten): what a grant handed to us by that version counts from. None: no beat,
         # so a grant handed to us is taken back with a write, like any record in our name.
-        self._beat_sent_at = beat_sent_at
+        self.beat_sent_at = beat_sent_at
         self._supervisor = supervisor or Supervisor()  # restarts the watch follower
         # Shared by every lease of a sidecar: while the store refuses, a follower waits for it
         # instead of sending requests of its own (`sidecar.probe`). None: no waiting (tests).
         self._probe: StoreProbe | None = None
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
-        self._hold_off_until = float("-inf")
+        self.hold_off_until = float("-inf")  # `stand_back`: after a voluntary release (rule 7)
         self._gaps = RenewalGaps(self)
         self._last_error: str | None = None
         # When the renewal now in flight was sent (alone or in a batch): a gap alert raised
@@ -415,16 +420,16 @@ class Elector:
             #    unless the store refuses: then the sidecar's one probe asks for us.
             if delay is None:
                 now = self._clock.now()
-                if (waiting := probe_wait(self._probe, now)) is not None:
+                if (waiting := pacing.probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
-                delay = await self._acquire(now)
+                delay = await acquire(self, now)
             # 4. A loss seen, the store holding nothing or a lower term: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
                 now = self._clock.now()
-                if (waiting := probe_wait(self._probe, now)) is not None:
+                if (waiting := pacing.probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
-                delay = await self._write_loss_down(seen)
+                delay = await write_loss_down(self, seen)
             # 5. The watch may have seen something while we were busy (a release, our own name,
             #    a lost grant): never wait past the moment it asked for — unless this step made
             #    us leader: then what it saw as a follower was our own grant on its way (a
@@ -469,18 +474,18 @@ class Elector:
         if isinstance(failed, NotOwned):
             self.observe(failed.record)
             self.demote(_taken_by(failed.record))
-            return self._follower_delay()
+            return self.follower_delay()
         # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
         # (another write raced ours; the store re-read a record that is still ours) is
         # retried at once: waiting a retry period could cost the deadline for nothing.
         now = self._clock.now()
         self._gaps.check(now)
         if self._past_deadline(now):
-            return self._retry_delay()
+            return self.retry_delay()
         if isinstance(failed, Conflict):
             self.observe(failed.record)
-            return min(herd_jitter(self.timing, self._rng), self._valid_until - now)
-        delay, self._retry_not_before = renewal_retry(
+            return min(pacing.herd_jitter(self.timing, self._rng), self._valid_until - now)
+        delay, self._retry_not_before = pacing.renewal_retry(
             now, self._valid_until, failed, self.timing, self._rng
         )
         return delay
@@ -532,7 +537,7 @@ class Elector:
                 self.observe(outcome.record)
             else:
                 self._view.lost_sight()
-            delay = self._follower_delay()
+            delay = self.follower_delay()
         elif isinstance(outcome, StoreError):
             delay = self._renewal_failed(outcome)
         else:
@@ -543,156 +548,10 @@ class Elector:
         self._next_attempt = min(now + delay, max(now, self._watch_asked))
         return delay
 
-    async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
-        if self._view.blind:
-            # A request failed since we last saw the store: look before taking anything, so
-            # a loss we could not see (the store restarted meanwhile) is waited out on its own.
-            try:
-                record = await self.request("read", self.store.read, self.timing.request_timeout)
-            except StoreError:
-                self._view.lost_sight()
-                return self._retry_delay()
-            self.observe(record)
-            return self._follower_delay()
-        attempt = self._view.next_attempt(sent)
-        handed_to_us = attempt.why == "own" and self._handed_to_us()
-        if handed_to_us:
-            first_renewal = self._take_handed(sent)
-            if first_renewal is not None:
-                return first_renewal
-        if sent < self._hold_off_until and attempt.why != "handed" and not handed_to_us:
-            # Rule 7: after a voluntary release, stand back for one lease — unless the lease
-            # was handed to us by name since (a transfer back; the others wait for us then).
-            return self._hold_off_until - sent
-        if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
-            return attempt.at - sent
-        try:
-            async with self._acquire_slots or contextlib.nullcontext():
-                # Asked holding the slot, so that the acquires in flight count as taken.
-                if self._gate is not None and attempt.why not in ("own", "handed"):
-                    wait = self._gate(self, attempt)  # over our share, or another's turn
-                    if wait > 0:
-                        return wait
-                # Rule 3 counts a grant from when its request is sent: now, not when this step
-                # began. At start-up an acquire may wait seconds for a slot, and a grant timed
-                # from before that wait came with its deadline spent (the start-up
-                # losses at the holder's own deadline).
-                sent = self._clock.now()
-                record = await self.request(
-                    "acquire",
-                    lambda: self.store.try_acquire(
-                        self.identity,
-                        self.timing.lease_duration,
-                        attempt.min_term,
-                        expected=attempt.expected,
-                    ),
-                    self.timing.request_timeout,
-                )
-        except (LeaseHeld, Conflict) as refused:
-            # The store holds something else than what we named: observe it and decide anew.
-            self.observe(refused.record)
-            now = self._clock.now()
-            due = self._view.next_attempt(now).at <= now
-            if due and not second_try and isinstance(refused, LeaseHeld):
-                # Released (or ours) since we last looked, e.g. before the watch told us:
-                # take it now rather than one scheduling round later.
-                return await self._acquire(now, second_try=True)
-            return self._follower_delay(raced=isinstance(refused, Conflict))
-        except StoreError:
-            self._view.lost_sight()
-            return self._retry_delay()
-        if record.holder != self.identity or record.term <= attempt.min_term:
-            # A store that broke its contract: leading on a reused term would break fencing.
-            log(
-                logger,
-                "error",
-                "store granted a term that is not above every term seen; refusing to lead",
-                granted_term=record.term,
-                highest_seen=attempt.min_term,
-                store=self.store.description,
-            )
-            self.observe(record)
-            return self._retry_delay()
-        if attempt.why == "lost":
-            log(
-                logger,
-                "warning",
-                "took the lease after waiting out the store's loss of state; the term jumps "
-                "so it cannot repeat a grant the store forgot",
-                lease=self.lease,
-                term=record.term,
-                highest_term_seen=self._view.high_water,
-                losses_in_a_row=self._view.losses_in_a_row,
-            )
-        self._become_leader(record, sent)
-        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
-
-    def _take_handed(self, now: float) -> float | None:
-        """Lead on a grant a hand-over wrote in our name, without a write of our own. Its
-        lease counts from when we sent the candidate beat it names (rule 3: a moment before
-        the grant was written; the others time the grant from when they see it, later still).
-        Returns the delay until the first renewal, or None when the record must be taken like
-        any record in our name (a write under a new term): not handed by a beat we remember, or
-        too old a beat to leave a first renewal its request timeout. A term not above every
-        term we saw before it is a loss (rule 5, `LeaseView`), and a loss not yet waited out
-        never gets here (`LeaseView.next_attempt`)."""
-        record = self._view.record
-        if self._beat_sent_at is None or record is None or not self._handed_to_us():
-            return None
-        assert record.handed is not None  # (`_handed_to_us`)
-        beat_sent = self._beat_sent_at(record.handed)
-        if beat_sent is None:
-            return None
-        lease = min(record.duration, self.timing.lease_duration)
-        valid_until = beat_sent + lease - self.timing.safety_margin
-        if valid_until - now < self.timing.request_timeout:
-            return None
-        self._become_leader(record, now, valid_until=valid_until, how="handed")
-        # Renew on our usual beat from the candidate beat, at once if that is past: the next
-        # renewal restores a full lease.
-        return max(0.0, beat_sent + self.timing.renew_interval - self._clock.now())
-
-    def _handed_to_us(self) -> bool:
-        """The record is a grant a hand-over wrote to us, which we never led on: not one we
-        led on and stepped down from (a release of it that failed, or is still on its way,
-        leaves it shown in our name; leading on it again could lead beside the next holder)."""
-        record = self._view.record
-        return (
-            record is not None
-            and record.holder == self.identity
-            and record.handed is not None
-            and record.term != self._term
-        )
-
     def _loss_to_write_down(self) -> int | None:
         """The term to write down in a loss marker, if any: only a follower writes one
         (rule 5, `LeaseView.loss_to_write_down`)."""
         return None if self._role is Role.LEADER else self._view.loss_to_write_down()
-
-    async def _write_loss_down(self, seen: int) -> float:
-        """Mark the loss in the store; a conditional write that never grants, so no wait or
-        share applies (the acquire slots do: at a store restart, every lease is marked)."""
-        try:
-            async with self._acquire_slots or contextlib.nullcontext():
-                record = await self.request(
-                    "mark_lost",
-                    lambda: self.store.mark_lost(seen, self.timing.lease_duration),
-                    self.timing.request_timeout,
-                )
-        except StoreError:
-            self._view.lost_sight()
-            return self._retry_delay()
-        self.observe(record)
-        if record is not None and record.forgotten and record.term == seen:
-            log(
-                logger,
-                "info",
-                "wrote the store's loss down (a loss marker with the highest term seen), so a "
-                "replica that starts now waits it out and jumps its term too",
-                lease=self.lease,
-                term=seen,
-            )
-        return self._retry_delay() if record is None else self._follower_delay()
 
     async def release(
         self,
@@ -713,12 +572,12 @@ class Elector:
 
     def stand_back(self) -> None:
         """After a voluntary release: give the others the lease for one lease (rule 7)."""
-        self._hold_off_until = self._clock.now() + self.timing.lease_duration
-        self._next_attempt = max(self._next_attempt, self._hold_off_until)
+        self.hold_off_until = self._clock.now() + self.timing.lease_duration
+        self._next_attempt = max(self._next_attempt, self.hold_off_until)
 
     # -- state changes ------------------------------------------------------------------
 
-    def _become_leader(
+    def become_leader(
         self,
         record: LeaseRecord,
         sent: float,
@@ -726,8 +585,8 @@ class Elector:
         valid_until: float | None = None,
         how: str = "acquired",
     ) -> None:
-        """``sent``: when our grant's request was sent (a handed grant: when we took it,
-        for the renewal gaps; its deadline comes as ``valid_until``)."""
+        """Lead on ``record``, our grant. ``sent``: when its request was sent (a handed grant:
+        when we took it, for the renewal gaps; its deadline comes as ``valid_until``)."""
         previous = self._view.replaced_holder(record.term, self._term)
         self._term = record.term
         self._on_beat = True
@@ -862,15 +721,15 @@ class Elector:
                 # A grant to someone else at our term or later, a later grant, or a release of
                 # our grant: the others may lead now, so stop at once (rule 5).
                 self.demote(_taken_by(record))
-                self._ask_for_attempt(now + self._follower_delay())
+                self._ask_for_attempt(now + self.follower_delay())
             else:
                 self.store_answers()  # our grant, read again: a renewal that failed goes now
             return
         if self._loss_to_write_down() is not None:
             # Write the loss down soon (a little spread: the first marker stops the others).
-            self._ask_for_attempt(now + herd_jitter(self.timing, self._rng))
+            self._ask_for_attempt(now + pacing.herd_jitter(self.timing, self._rng))
             return
-        self._ask_for_attempt(now + self._follower_delay())
+        self._ask_for_attempt(now + self.follower_delay())
 
     def _ask_for_attempt(self, at: float) -> None:
         self._next_attempt = at
@@ -879,11 +738,15 @@ class Elector:
 
     # -- timing and requests -----------------------------------------------------------
 
-    def _follower_delay(self, *, raced: bool = False) -> float:
-        return follower_delay(self._view, self._clock.now(), self.timing, self._rng, raced=raced)
+    def follower_delay(self, *, raced: bool = False) -> float:
+        """Until the next attempt the view allows (`sidecar.pacing`)."""
+        return pacing.follower_delay(
+            self._view, self._clock.now(), self.timing, self._rng, raced=raced
+        )
 
-    def _retry_delay(self) -> float:
-        return retry_delay(self.timing, self._rng)
+    def retry_delay(self) -> float:
+        """A retry period, jittered (`sidecar.pacing`)."""
+        return pacing.retry_delay(self.timing, self._rng)
 
     async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
         """One store request within ``budget`` seconds (`sidecar.store_call`), counted as this
