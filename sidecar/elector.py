@@ -361,10 +361,10 @@ class Elector:
         return self._role is Role.LEADER and self._on_beat and self._next_attempt <= horizon
 
     def stop(self) -> None:
-        """Make `run` return at its next turn, and no new step start. Shutdown calls this
-        before cancelling: a cancellation that lands just as a request's own timeout fires
-        can surface as that timeout, which the loop tolerates as a store error and goes on
-        renewing — a sidecar that would never finish its SIGTERM."""
+        """Start no new step, and tell the scheduler. Shutdown calls this before cancelling:
+        a cancellation that lands just as a request's own timeout fires can surface as that
+        timeout, which the loop tolerates as a store error and goes on renewing — a sidecar
+        that would never finish its SIGTERM."""
         self._stopping = True
         self.wake_scheduler(self)
 
@@ -417,7 +417,8 @@ class Elector:
             #    (rule 1): the one renewal path, as a batch of one (`sidecar.renewal`).
             delay = await self._renew() if leading else None
             # 3. Following: acquire if free or expired, with a term above every term seen —
-            #    unless the store refuses: then the sidecar's one probe asks for us.
+            #    unless the store refuses: then the sidecar's one probe asks for us
+            #    (`sidecar.follower`, as step 4).
             if delay is None:
                 now = self._clock.now()
                 if (waiting := pacing.probe_wait(self._probe, now)) is not None:
