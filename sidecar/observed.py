@@ -226,12 +226,12 @@ class LeaseView:
 
     def loss_to_write_down(self) -> int | None:
         """The term a follower writes down in a loss marker, if any (rule 5): in a loss, and
-        the store shows nothing — or a marker or a release below the highest term we saw.
-        Without it, a replica that starts during the wait would see no term at all and grant
-        term 1 again (and its successors 2, 3, ... again): the README's limit, shrunk to the
-        moments between the loss and this write. Over a lower release: the count that started
-        again (a replica that started before anyone wrote the loss down) would otherwise climb
-        from it, under our eyes, to the term we saw."""
+        the store shows nothing — or a marker, a release or a grant below the highest term we
+        saw (`room_for_marker`). Without it, a replica that starts during the wait would see no
+        term at all and grant term 1 again (and its successors 2, 3, ... again): the README's
+        limit, shrunk to the moments between the loss and this write. Over a lower release or
+        grant: the count that started again (a replica that started before anyone wrote the
+        loss down) would otherwise climb from it, under our eyes, to the term we saw."""
         seen = self.high_water
         if seen == 0 or self.loss_since is None or self.blind:
             return None  # (blind: a request just failed; look again before writing)
