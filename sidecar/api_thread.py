@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -48,3 +48,15 @@ class ApiThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) -> T:
+    """Await ``work`` on ``loop`` (the election's), from whichever loop is running."""
+    if loop is None or loop is asyncio.get_running_loop():
+        return await work
+    # run_coroutine_threadsafe wants a coroutine; every caller passes one.
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+        work,  # type: ignore[arg-type]
+        loop,
+    )
+    return await asyncio.wrap_future(future)

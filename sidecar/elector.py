@@ -8,7 +8,7 @@ It imports only the backend interface. The safety rules of docs/design.md live h
   `sidecar.renewal`, which times it from its sending.
   A grant a hand-over wrote to us counts from when we sent the candidate beat the releasing
   holder chose us by: that beat was read before the hand-over was written, so the moment is
-  before the write, as a renewal's sending is (`_take_handed`).
+  before the write, as a renewal's sending is (`sidecar.follower`).
 * Rule 4 — `status()` compares the clock with `valid_until` on every call; no cached flag.
 * Rules 2, 5 and 8 — `sidecar.observed.LeaseView` decides when a follower may try to
   acquire, naming the version it watched unchanged for a lease (observed expiry, the same for
@@ -17,26 +17,30 @@ It imports only the backend interface. The safety rules of docs/design.md live h
 * Rule 5 — a leader stops at once when it sees a grant to another identity at a term at or
   above its own; when it sees the store lost its grant, it renews at once, which puts the
   grant back (the store's `renew` restores a forgotten grant).
-* Rule 7 — `release()` demotes locally first, then releases conditionally.
+* Rule 7 — `release()` demotes locally first, then releases conditionally (`sidecar.release`).
 
 Rule 1 is the store's (see `sidecar.backends.base`); rule 6 is the identity's suffix (see
 `sidecar.config`).
+
+Here are the state and its changes; the requests that drive them live beside it, each reaching
+the elector through a Protocol of its own: a follower's writes in `sidecar.follower`, the
+renewal in `sidecar.renewal`, stepping down in `sidecar.release`. How long to wait between
+steps is `sidecar.pacing`; a leader's renewal gaps and their alert, `sidecar.renewal_gaps`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sidecar import pacing
 from sidecar.backends.base import (
     Conflict,
     FollowsByCall,
-    LeaseHeld,
     LeaseRecord,
     LeaseStore,
     NotOwned,
@@ -45,14 +49,16 @@ from sidecar.backends.base import (
     StoreUnavailable,
     is_hold,
     lost_grant,
-    room_for_marker,
 )
 from sidecar.clock import SYSTEM_CLOCK, Clock
+from sidecar.follower import acquire, write_loss_down
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt, LeaseView
 from sidecar.probe import StoreProbe
+from sidecar.release import give_back, step_down
 from sidecar.renewal import renew_held
+from sidecar.renewal_gaps import RenewalGaps
 from sidecar.status import GapAlert, LeaderStatus, Role, Transition
 from sidecar.store_call import ANSWERS, store_call
 from sidecar.supervisor import Supervisor
@@ -60,18 +66,6 @@ from sidecar.timing import Timing
 
 T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")
-
-
-async def on_loop(loop: asyncio.AbstractEventLoop | None, work: Awaitable[T]) -> T:
-    """Await ``work`` on ``loop`` (the election's), from whichever loop is running."""
-    if loop is None or loop is asyncio.get_running_loop():
-        return await work
-    # run_coroutine_threadsafe wants a coroutine; every caller passes one.
-    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
-        work,  # type: ignore[arg-type]
-        loop,
-    )
-    return await asyncio.wrap_future(future)
 
 
 def _taken_by(record: LeaseRecord | None) -> str:
@@ -94,21 +88,12 @@ class Elector:
     # something sets an attribute not listed here (a test patching a method).
     __slots__ = (
         "__dict__",
-        "_acquire_slots",
-        "_beat_sent_at",
         "_change_listeners",
-        "_changed",
         "_clock",
-        "_gap_alerted",
-        "_gap_listeners",
-        "_gate",
-        "_hold_off_until",
-        "_holders_seen",
+        "_gaps",
         "_last_error",
-        "_last_renewal_sent",
         "_last_store_answer",
         "_lock",
-        "_loop",
         "_muted",
         "_next_attempt",
         "_on_beat",
@@ -127,6 +112,10 @@ class Elector:
         "_valid_until",
         "_view",
         "_watch_asked",
+        "acquire_slots",
+        "beat_sent_at",
+        "gate",
+        "hold_off_until",
         "identity",
         "lease",
         "metrics",
@@ -162,28 +151,27 @@ class Elector:
         self._role = Role.FOLLOWER
         self._term = 0  # term of our own grant while leading
         self._valid_until = float("-inf")
-        self._last_renewal_sent = float("-inf")
         self._view = LeaseView(identity, timing.lease_duration, stand_back)  # rules 2, 5 and 8
         # How long this replica should wait before taking one more lease (0: go): the
         # balancer's share and whose turn it is. Asked only for a lease that is free
         # or expired; never for our own or one handed to us. Liveness only: a wait delays an
         # attempt, it never grants anything.
-        self._gate = gate
+        self.gate = gate
         # Shared by the electors of one sidecar: at most so many acquires in flight, so that
         # 1,000 leases up for grabs at start-up never queue a renewal behind them at the store.
-        self._acquire_slots = acquire_slots
+        self.acquire_slots = acquire_slots
         # When this replica sent the candidate beat of a version (None: not one of ours, or
         # forgotten): what a grant handed to us by that version counts from. None: no beat,
         # so a grant handed to us is taken back with a write, like any record in our name.
-        self._beat_sent_at = beat_sent_at
+        self.beat_sent_at = beat_sent_at
         self._supervisor = supervisor or Supervisor()  # restarts the watch follower
         # Shared by every lease of a sidecar: while the store refuses, a follower waits for it
         # instead of sending requests of its own (`sidecar.probe`). None: no waiting (tests).
         self._probe: StoreProbe | None = None
         self._role_since = clock.wall()
         self._next_attempt = clock.now()
-        self._hold_off_until = float("-inf")
-        self._gap_alerted = False
+        self.hold_off_until = float("-inf")  # `stand_back`: after a voluntary release (rule 7)
+        self._gaps = RenewalGaps(self)
         self._last_error: str | None = None
         # When the renewal now in flight was sent (alone or in a batch): a gap alert raised
         # while it is out says so instead of "no error" (the store has not answered yet).
@@ -192,9 +180,6 @@ class Elector:
         # request (`store_answers`) does not bring a retry before it.
         self._retry_not_before = float("-inf")
         self._last_store_answer = float("-inf")
-        # The last two grants the store showed, (holder, term), us included, newest last: the
-        # grant a new one of ours replaces (the one before, when we saw ours already: handed).
-        self._holders_seen: list[tuple[str, int]] = []
         self._reported_version: str | None = None  # the last bad record logged and counted
 
         self._watch_asked = float("inf")  # earliest attempt the watch asked for during a step
@@ -206,17 +191,12 @@ class Elector:
         # a renewal), not a retry: only such a renewal may go early to join a batch (a retry
         # may be waiting for the store's Retry-After).
         self._on_beat = False
-        # Set (and replaced) when the ETag changes; made only once a long-poll waits on this
-        # elector (an Event is ~0.7 KB, and a sidecar may run 10,000 electors).
-        self._changed: asyncio.Event | None = None
         self._published: tuple[bool, str | None, int] | None = None  # `_shown` when published
         # Tuples, the empty one shared: a list each cost ~90 bytes more per elector.
         self._transition_listeners: tuple[Callable[[Transition], None], ...] = ()
         self._change_listeners: tuple[Callable[[Elector], None], ...] = ()
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` runs on
-        self._stopping = False  # set by `stop`: `run` returns, whatever a cancel turned into
+        self._stopping = False  # set by `stop`: no new step starts, whatever a cancel turned into
         self._muted = False  # `mute`: draining, answer 503 while the lease is still held
-        self._gap_listeners: tuple[Callable[[GapAlert], None], ...] = ()
         metrics.bind(self)
 
     # -- what the API reads -------------------------------------------------------------
@@ -270,6 +250,11 @@ class Elector:
         return self._role
 
     @property
+    def term(self) -> int:
+        """The term of our own grant while leading (the last one led on, after)."""
+        return self._term
+
+    @property
     def high_water(self) -> int:
         return self._view.high_water
 
@@ -281,6 +266,11 @@ class Elector:
     def last_error(self) -> str | None:
         return self._last_error
 
+    @property
+    def renewal_out(self) -> float | None:
+        """When the renewal now in flight was sent; None while none is."""
+        return self._renewal_out
+
     def store_answered_within(self, seconds: float) -> bool:
         """For ``/readyz``: did the store answer (any answer) recently?"""
         return self._clock.now() - self._last_store_answer <= seconds
@@ -290,7 +280,7 @@ class Elector:
         self._transition_listeners = (*self._transition_listeners, listener)
 
     def on_gap_alert(self, listener: Callable[[GapAlert], None]) -> None:
-        self._gap_listeners = (*self._gap_listeners, listener)
+        self._gaps.on_alert(listener)
 
     def on_change(self, listener: Callable[[Elector], None]) -> None:
         """``listener(elector)`` is called (on the election's thread) whenever the ETag
@@ -346,7 +336,6 @@ class Elector:
         """Follow the store's watch (restarted by the supervisor if it fails); the scheduler
         starts it and cancels it when it ends. A store that calls a function on each change
         (`FollowsByCall`) is followed without a task: the function returned stops it."""
-        self._loop = asyncio.get_running_loop()
         if isinstance(self.store, FollowsByCall):
             return self.store.follow(self.on_watch)
         return self._supervisor.spawn("lease-watch", self._follow_watch)
@@ -373,10 +362,10 @@ class Elector:
         return self._role is Role.LEADER and self._on_beat and self._next_attempt <= horizon
 
     def stop(self) -> None:
-        """Make `run` return at its next turn, and no new step start. Shutdown calls this
-        before cancelling: a cancellation that lands just as a request's own timeout fires
-        can surface as that timeout, which the loop tolerates as a store error and goes on
-        renewing — a sidecar that would never finish its SIGTERM."""
+        """Start no new step, and tell the scheduler. Shutdown calls this before cancelling:
+        a cancellation that lands just as a request's own timeout fires can surface as that
+        timeout, which the loop tolerates as a store error and goes on renewing — a sidecar
+        that would never finish its SIGTERM."""
         self._stopping = True
         self.wake_scheduler(self)
 
@@ -399,13 +388,13 @@ class Elector:
         if self._role is not Role.LEADER:
             return []
         timers = [self._valid_until]
-        if not self._gap_alerted:
-            timers.append(self._last_renewal_sent + self.timing.lease_duration / 2)
+        if not self._gaps.alerted:
+            timers.append(self._gaps.half_mark)
         return timers
 
     def tick(self, now: float) -> None:
         """Time-driven transitions, no I/O: alert a growing gap, demote at the deadline."""
-        self._check_growing_gap(now)
+        self._gaps.check(now)
         self._past_deadline(now)
 
     def _past_deadline(self, now: float) -> bool:
@@ -415,7 +404,7 @@ class Elector:
         sent (`begin_renewal`), and when one fails or is confirmed too late. True if it
         demoted now."""
         if self._role is Role.LEADER and now >= self._valid_until:
-            self._demote("deadline")
+            self.demote("deadline")
             return True
         return False
 
@@ -429,19 +418,20 @@ class Elector:
             #    (rule 1): the one renewal path, as a batch of one (`sidecar.renewal`).
             delay = await self._renew() if leading else None
             # 3. Following: acquire if free or expired, with a term above every term seen —
-            #    unless the store refuses: then the sidecar's one probe asks for us.
+            #    unless the store refuses: then the sidecar's one probe asks for us
+            #    (`sidecar.follower`, as step 4).
             if delay is None:
                 now = self._clock.now()
-                if (waiting := self._waiting_for_probe(now)) is not None:
+                if (waiting := pacing.probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
-                delay = await self._acquire(now)
+                delay = await acquire(self, now)
             # 4. A loss seen, the store holding nothing or a lower term: write it down (rule 5).
             seen = self._loss_to_write_down()
             if seen is not None:
                 now = self._clock.now()
-                if (waiting := self._waiting_for_probe(now)) is not None:
+                if (waiting := pacing.probe_wait(self._probe, now)) is not None:
                     return self._park(now, waiting)
-                delay = await self._write_loss_down(seen)
+                delay = await write_loss_down(self, seen)
             # 5. The watch may have seen something while we were busy (a release, our own name,
             #    a lost grant): never wait past the moment it asked for — unless this step made
             #    us leader: then what it saw as a follower was our own grant on its way (a
@@ -451,17 +441,6 @@ class Elector:
                 self._watch_asked = float("inf")
             self._next_attempt = min(now + delay, max(now, self._watch_asked))
             return delay
-
-    def _waiting_for_probe(self, now: float) -> float | None:
-        """None when a follower may send now; else seconds to wait: for the store's
-        ``Retry-After``, or (``inf``) until the probe finds the store answering again."""
-        probe = self._probe
-        if probe is None:
-            return None
-        if probe.refusing:
-            return float("inf")
-        wait = probe.wait_after(now)
-        return wait if wait > 0 else None
 
     def _park(self, now: float, wait: float) -> float:
         """Wait for the probe without a request. The probe's owner pokes every elector when
@@ -474,14 +453,7 @@ class Elector:
         """Steps 1 and 2 of `step` for a leader: a batch of one of its own ``renew``, counted
         as this lease's and cut at its deadline. The delay until the next step, or None when
         it demoted at step 1."""
-        # A renewal still in flight at the half-lease mark is a growing gap too: alert on
-        # time, not when (or if) the request comes back — also where no scheduler's timer
-        # watches. (+10 ms: asyncio may run a timer up to one clock resolution early.)
-        half_mark = self._last_renewal_sent + self.timing.lease_duration / 2
-        alarm = asyncio.get_running_loop().call_later(
-            max(0.0, half_mark - self._clock.now()) + 0.01,
-            lambda: self._check_growing_gap(self._clock.now()),
-        )
+        alarm = self._gaps.alarm()  # a renewal still out at the half-lease mark is alerted
         try:
             done = await renew_held(
                 [self],
@@ -502,27 +474,30 @@ class Elector:
         """A renewal that did not renew: the delay until the next step."""
         self._on_beat = False
         if isinstance(failed, NotOwned):
-            self._observe(failed.record)
-            self._demote(_taken_by(failed.record))
-            return self._follower_delay()
+            self.observe(failed.record)
+            self.demote(_taken_by(failed.record))
+            return self.follower_delay()
         # Tolerated only while the deadline is ahead (rule 3): retry before it. A Conflict
         # (another write raced ours; the store re-read a record that is still ours) is
         # retried at once: waiting a retry period could cost the deadline for nothing.
         now = self._clock.now()
-        self._check_growing_gap(now)
+        self._gaps.check(now)
         if self._past_deadline(now):
-            return self._retry_delay()
+            return self.retry_delay()
         if isinstance(failed, Conflict):
-            self._observe(failed.record)
-            return min(self._herd_jitter(), self._valid_until - now)
-        return self._renewal_retry(now, failed)
+            self.observe(failed.record)
+            return min(pacing.herd_jitter(self.timing, self._rng), self._valid_until - now)
+        delay, self._retry_not_before = pacing.renewal_retry(
+            now, self._valid_until, failed, self.timing, self._rng
+        )
+        return delay
 
     def _renewal_answered(self, sent: float, record: LeaseRecord) -> float:
         """A renewal sent at ``sent`` that the store confirmed."""
         if self._past_deadline(self._clock.now()):
             # Confirmed too late: /leader already said 503 at the deadline (rule 4), so stop
             # leading for real; the next step re-acquires under a new term.
-            self._observe(record)
+            self.observe(record)
             return 0.0
         self._renewed(sent, record)
         self._on_beat = True
@@ -559,12 +534,12 @@ class Elector:
             # grant): the answer is only an observation. A grant renewed after the deadline
             # shows our name and is taken back under a new term (rule 5).
             if isinstance(outcome, LeaseRecord):
-                self._observe(outcome)
+                self.observe(outcome)
             elif isinstance(outcome, (NotOwned, Conflict)):
-                self._observe(outcome.record)
+                self.observe(outcome.record)
             else:
                 self._view.lost_sight()
-            delay = self._follower_delay()
+            delay = self.follower_delay()
         elif isinstance(outcome, StoreError):
             delay = self._renewal_failed(outcome)
         else:
@@ -575,184 +550,10 @@ class Elector:
         self._next_attempt = min(now + delay, max(now, self._watch_asked))
         return delay
 
-    def _renewal_retry(self, now: float, failed: StoreError) -> float:
-        """When a leader whose renewal failed tries again: a retry period on, or later if the
-        store asked (``Retry-After``) — but only while its deadline allows one more request
-        before it (rule 3). Never past the deadline."""
-        room = self._valid_until - now
-        last_chance = room - self.timing.request_timeout
-        delay = self._retry_delay()
-        retry_after = failed.retry_after if isinstance(failed, StoreUnavailable) else None
-        self._retry_not_before = float("-inf")
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, last_chance))
-            self._retry_not_before = now + min(retry_after, last_chance)
-        elif last_chance > 0:
-            # A retry period may end past the deadline; the last moment a whole request still
-            # fits before it comes first (a store back by then keeps the term). Only once: by
-            # then no whole request fits any more.
-            delay = min(delay, last_chance)
-        return min(delay, room)
-
-    async def _acquire(self, sent: float, *, second_try: bool = False) -> float:
-        if self._view.blind:
-            # A request failed since we last saw the store: look before taking anything, so
-            # a loss we could not see (the store restarted meanwhile) is waited out on its own.
-            try:
-                record = await self._call("read", self.store.read, self.timing.request_timeout)
-            except StoreError:
-                self._view.lost_sight()
-                return self._retry_delay()
-            self._observe(record)
-            return self._follower_delay()
-        attempt = self._view.next_attempt(sent)
-        handed_to_us = attempt.why == "own" and self._handed_to_us()
-        if handed_to_us:
-            first_renewal = self._take_handed(sent)
-            if first_renewal is not None:
-                return first_renewal
-        if sent < self._hold_off_until and attempt.why != "handed" and not handed_to_us:
-            # Rule 7: after a voluntary release, stand back for one lease — unless the lease
-            # was handed to us by name since (a transfer back; the others wait for us then).
-            return self._hold_off_until - sent
-        if attempt.at > sent:  # not yet expired, or a store loss not yet waited out
-            return attempt.at - sent
-        try:
-            async with self._acquire_slots or contextlib.nullcontext():
-                # Asked holding the slot, so that the acquires in flight count as taken.
-                if self._gate is not None and attempt.why not in ("own", "handed"):
-                    wait = self._gate(self, attempt)  # over our share, or another's turn
-                    if wait > 0:
-                        return wait
-                # Rule 3 counts a grant from when its request is sent: now, not when this step
-                # began. At start-up an acquire may wait seconds for a slot, and a grant timed
-                # from before that wait came with its deadline spent (the start-up
-                # losses at the holder's own deadline).
-                sent = self._clock.now()
-                record = await self._call(
-                    "acquire",
-                    lambda: self.store.try_acquire(
-                        self.identity,
-                        self.timing.lease_duration,
-                        attempt.min_term,
-                        expected=attempt.expected,
-                    ),
-                    self.timing.request_timeout,
-                )
-        except (LeaseHeld, Conflict) as refused:
-            # The store holds something else than what we named: observe it and decide anew.
-            self._observe(refused.record)
-            now = self._clock.now()
-            due = self._view.next_attempt(now).at <= now
-            if due and not second_try and isinstance(refused, LeaseHeld):
-                # Released (or ours) since we last looked, e.g. before the watch told us:
-                # take it now rather than one scheduling round later.
-                return await self._acquire(now, second_try=True)
-            return self._follower_delay(raced=isinstance(refused, Conflict))
-        except StoreError:
-            self._view.lost_sight()
-            return self._retry_delay()
-        if record.holder != self.identity or record.term <= attempt.min_term:
-            # A store that broke its contract: leading on a reused term would break fencing.
-            log(
-                logger,
-                "error",
-                "store granted a term that is not above every term seen; refusing to lead",
-                granted_term=record.term,
-                highest_seen=attempt.min_term,
-                store=self.store.description,
-            )
-            self._observe(record)
-            return self._retry_delay()
-        if attempt.why == "lost":
-            log(
-                logger,
-                "warning",
-                "took the lease after waiting out the store's loss of state; the term jumps "
-                "so it cannot repeat a grant the store forgot",
-                lease=self.lease,
-                term=record.term,
-                highest_term_seen=self._view.high_water,
-                losses_in_a_row=self._view.losses_in_a_row,
-            )
-        self._become_leader(record, sent)
-        return max(0.0, sent + self.timing.renew_interval - self._clock.now())
-
-    def _take_handed(self, now: float) -> float | None:
-        """Lead on a grant a hand-over wrote in our name, without a write of our own. Its
-        lease counts from when we sent the candidate beat it names (rule 3: a moment before
-        the grant was written; the others time the grant from when they see it, later still).
-        Returns the delay until the first renewal, or None when the record must be taken like
-        any record in our name (a write under a new term): not handed by a beat we remember, or
-        too old a beat to leave a first renewal its request timeout. A term not above every
-        term we saw before it is a loss (rule 5, `LeaseView`), and a loss not yet waited out
-        never gets here (`LeaseView.next_attempt`)."""
-        record = self._view.record
-        if self._beat_sent_at is None or record is None or not self._handed_to_us():
-            return None
-        assert record.handed is not None  # (`_handed_to_us`)
-        beat_sent = self._beat_sent_at(record.handed)
-        if beat_sent is None:
-            return None
-        lease = min(record.duration, self.timing.lease_duration)
-        valid_until = beat_sent + lease - self.timing.safety_margin
-        if valid_until - now < self.timing.request_timeout:
-            return None
-        self._become_leader(record, now, valid_until=valid_until, how="handed")
-        # Renew on our usual beat from the candidate beat, at once if that is past: the next
-        # renewal restores a full lease.
-        return max(0.0, beat_sent + self.timing.renew_interval - self._clock.now())
-
-    def _handed_to_us(self) -> bool:
-        """The record is a grant a hand-over wrote to us, which we never led on: not one we
-        led on and stepped down from (a release of it that failed, or is still on its way,
-        leaves it shown in our name; leading on it again could lead beside the next holder)."""
-        record = self._view.record
-        return (
-            record is not None
-            and record.holder == self.identity
-            and record.handed is not None
-            and record.term != self._term
-        )
-
     def _loss_to_write_down(self) -> int | None:
-        """The term to write down in a loss marker, if any (rule 5): following, in a loss,
-        and the store shows nothing — or a marker or a release below the highest term we saw.
-        Without it, a replica that starts during the wait would see no term at all and grant
-        term 1 again (and its successors 2, 3, ... again): the README's limit, shrunk to the
-        moments between the loss and this write. Over a lower release: the count that started
-        again (a replica that started before anyone wrote the loss down) would otherwise climb
-        from it, under our eyes, to the term we saw."""
-        view = self._view
-        seen = view.high_water
-        if self._role is Role.LEADER or seen == 0 or view.loss_since is None or view.blind:
-            return None  # (blind: a request just failed; look again before writing)
-        return seen if room_for_marker(view.record, seen) else None
-
-    async def _write_loss_down(self, seen: int) -> float:
-        """Mark the loss in the store; a conditional write that never grants, so no wait or
-        share applies (the acquire slots do: at a store restart, every lease is marked)."""
-        try:
-            async with self._acquire_slots or contextlib.nullcontext():
-                record = await self._call(
-                    "mark_lost",
-                    lambda: self.store.mark_lost(seen, self.timing.lease_duration),
-                    self.timing.request_timeout,
-                )
-        except StoreError:
-            self._view.lost_sight()
-            return self._retry_delay()
-        self._observe(record)
-        if record is not None and record.forgotten and record.term == seen:
-            log(
-                logger,
-                "info",
-                "wrote the store's loss down (a loss marker with the highest term seen), so a "
-                "replica that starts now waits it out and jumps its term too",
-                lease=self.lease,
-                term=seen,
-            )
-        return self._retry_delay() if record is None else self._follower_delay()
+        """The term to write down in a loss marker, if any: only a follower writes one
+        (rule 5, `LeaseView.loss_to_write_down`)."""
+        return None if self._role is Role.LEADER else self._view.loss_to_write_down()
 
     async def release(
         self,
@@ -761,138 +562,24 @@ class Elector:
         successor: str | None = None,
         handed: str | None = None,
     ) -> bool:
-        """Step down: demote locally first (``/leader`` answers 503 and the demotion actions
-        start), then release the lease at the store, conditional on holder and term, so a
-        follower can take over within one round trip (rule 7); naming ``successor`` makes the
-        others stand back briefly so that one takes it. With ``handed`` too (the version of
-        the successor's candidate record it was chosen by) the release grants the lease to
-        the successor in the same write, where the store can (`LeaseStore.hand_over`): it
-        then leads as soon as it sees the write. False if not leading."""
-        budget = self.timing.request_timeout if timeout is None else timeout
-        try:
-            # A step in flight holds the lock for at most one request: never wait longer.
-            # (`asyncio.timeout`, not `wait_for`: a free lock is then taken at once, where
-            # `wait_for`'s task let every ready task run first — about 0.4 ms of a hand-off.)
-            async with asyncio.timeout(budget + self.timing.request_timeout):
-                await self._lock.acquire()
-        except TimeoutError:
-            # Demote all the same (/leader says 503 first); the lease then expires.
-            leading = self._role is Role.LEADER
-            self._demote(reason)
-            return leading
-        try:
-            return await self._release_locked(reason, budget, successor, handed)
-        finally:
-            self._lock.release()
-
-    async def _release_locked(
-        self, reason: str, budget: float, successor: str | None, handed: str | None
-    ) -> bool:
-        if self._role is not Role.LEADER:
-            if self._stopping:
-                await self._give_back_handed(budget, look=False)
-            return False
-        term = self._term
-        settled = asyncio.Event()
-        self._demote(reason, settled=settled)
-        try:
-            return await self._release_as(reason, budget, term, successor, handed)
-        finally:
-            settled.set()
-
-    async def _release_as(
-        self, reason: str, budget: float, term: int, successor: str | None, handed: str | None
-    ) -> bool:
-        if reason == "released":
-            # Give the others the lease instead of taking it straight back.
-            self._hold_off_until = self._clock.now() + self.timing.lease_duration
-            self._next_attempt = max(self._next_attempt, self._hold_off_until)
-        record: LeaseRecord | None
-        try:
-            if successor is not None and handed is not None and self.store.hands_over:
-                to, by = successor, handed
-                record = await self._call(
-                    "hand_over",
-                    lambda: self.store.hand_over(
-                        self.identity,
-                        term,
-                        successor=to,
-                        handed=by,
-                        duration=self.timing.lease_duration,
-                        min_term=self._view.high_water,
-                    ),
-                    budget,
-                )
-            else:
-                record = await self._call(
-                    "release",
-                    lambda: (
-                        self.store.release(self.identity, term, successor=successor)
-                        if successor is not None
-                        else self.store.release(self.identity, term)
-                    ),
-                    budget,
-                )
-            self._observe(record)
-        except NotOwned as gone:
-            self._observe(gone.record)
-        except StoreError as exc:
-            # It may have landed, or still land: look before taking anything (the view still
-            # shows the grant in our name).
-            self._view.lost_sight()
-            log(
-                logger,
-                "warning",
-                "could not release the lease; it will expire on its own",
-                lease=self.lease,
-                error=str(exc),
-                expires_within_seconds=self.timing.lease_duration,
-            )
-        return True
+        """Step down: demote locally first, then release the lease at the store, conditional on
+        holder and term (rule 7); ``successor`` and ``handed`` for a hand-over
+        (`sidecar.release`). False if not leading."""
+        return await step_down(self, reason, timeout, successor, handed)
 
     async def give_back_handed(self, budget: float) -> None:
-        """Shutting down, holding nothing: read the lease, and release a grant handed to us
-        since (see `_give_back_handed`)."""
-        try:
-            await asyncio.wait_for(self._lock.acquire(), budget)
-        except TimeoutError:
-            return
-        try:
-            await self._give_back_handed(budget, look=True)
-        finally:
-            self._lock.release()
+        """Shutting down, holding nothing: release a grant handed to us since
+        (`sidecar.release`)."""
+        await give_back(self, budget)
 
-    async def _give_back_handed(self, budget: float, *, look: bool) -> None:
-        """Shutting down, with a grant handed to us that we never took (the leader chose us
-        a moment before it could know we were leaving): release it, so that the others may
-        take it at once rather than wait it out. ``look``: read the store first."""
-        if self._role is Role.LEADER:
-            return
-        if look:
-            try:
-                self._observe(await self._call("read", self.store.read, budget))
-            except StoreError:
-                return
-        record = self._view.record
-        if record is None or record.holder != self.identity or record.handed is None:
-            return
-        try:
-            self._observe(
-                await self._call(
-                    "release",
-                    lambda: self.store.release(self.identity, record.term),
-                    budget,
-                )
-            )
-        except NotOwned as gone:
-            self._observe(gone.record)
-        except StoreError:
-            return
-        log(logger, "info", "released a grant handed over while shutting down", lease=self.lease)
+    def stand_back(self) -> None:
+        """After a voluntary release: give the others the lease for one lease (rule 7)."""
+        self.hold_off_until = self._clock.now() + self.timing.lease_duration
+        self._next_attempt = max(self._next_attempt, self.hold_off_until)
 
     # -- state changes ------------------------------------------------------------------
 
-    def _become_leader(
+    def become_leader(
         self,
         record: LeaseRecord,
         sent: float,
@@ -900,16 +587,15 @@ class Elector:
         valid_until: float | None = None,
         how: str = "acquired",
     ) -> None:
-        """``sent``: when our grant's request was sent (a handed grant: when we took it,
-        for the renewal gaps; its deadline comes as ``valid_until``)."""
-        previous = self._replaced_holder(record.term)
+        """Lead on ``record``, our grant. ``sent``: when its request was sent (a handed grant:
+        when we took it, for the renewal gaps; its deadline comes as ``valid_until``)."""
+        previous = self._view.replaced_holder(record.term, self._term)
         self._term = record.term
         self._on_beat = True
-        self._last_renewal_sent = sent
-        self._gap_alerted = False
+        self._gaps.began(sent)
         self._role_since = self._clock.wall()
         self._role = Role.LEADER
-        self._observe(record)
+        self.observe(record)
         # Last: the listeners' thread reads `status()` without a lock, so "leader" turns true
         # only once every other field is this reign's (a torn read once answered "leader" with
         # the follower period's `since`; the sharded chaos run, seed 3303, saw it).
@@ -929,34 +615,20 @@ class Elector:
         )
         self._notify(Transition(Role.LEADER, "acquired", self.status(), previous))
 
-    def _replaced_holder(self, term: int) -> str | None:
-        """Who held the grant our new one (``term``) replaced: the newest grant seen below it
-        — ours only if we led with it (not a hand-over's grant we took again by a write)."""
-        earlier = [
-            holder
-            for holder, seen in self._holders_seen
-            if seen < term and (holder != self.identity or seen == self._term)
-        ]
-        return earlier[-1] if earlier else None
-
     def _renewed(self, sent: float, record: LeaseRecord) -> None:
-        gap = sent - self._last_renewal_sent
-        self.metrics.renewal_gap.observe(gap)
-        if gap > self.timing.lease_duration / 2 and not self._gap_alerted:
-            self._alert_gap(gap, growing=False)
-        self._gap_alerted = False
+        self._gaps.renewed(sent)
         self._last_error = None
-        self._last_renewal_sent = sent
         self._valid_until = sent + self.timing.lease_duration - self.timing.safety_margin
-        self._observe(record)
+        self.observe(record)
 
-    def _demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None:
+    def demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None:
+        """Stop leading now: ``/leader`` turns 503 first, then the listeners hear why."""
         if self._role is not Role.LEADER:
             return
         if reason == "deadline":
             # The gap that ends in this demotion (a stall, a pause, a store that never
             # answered) is the one the half-lease alert exists for: count and report it first.
-            self._check_growing_gap(self._clock.now())
+            self._gaps.check(self._clock.now())
         self._valid_until = float("-inf")  # first: "leader" turns false before anything else
         self._role = Role.FOLLOWER
         self._role_since = self._clock.wall()
@@ -975,7 +647,7 @@ class Elector:
         )
         self._notify(Transition(Role.FOLLOWER, reason, self.status(), None, settled))
 
-    def _observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
+    def observe(self, record: LeaseRecord | None, *, from_watch: bool = False) -> None:
         """Every answer from the store goes through here, timed when it *arrived*."""
         if self._view.observe(record, self._clock.now(), from_watch=from_watch):
             log(
@@ -989,10 +661,6 @@ class Elector:
                 losses_in_a_row=self._view.losses_in_a_row,
                 wait_seconds=self.timing.lease_duration,
             )
-        if record is not None and record.holder is not None:
-            grant = (record.holder, record.term)
-            if grant not in self._holders_seen:
-                self._holders_seen = [*self._holders_seen[-1:], grant]
         bad = record is not None and (record.unreadable or record.ignored)
         if bad and record is not None and record.version != self._reported_version:
             self._reported_version = record.version  # once per stored version
@@ -1014,62 +682,19 @@ class Elector:
         shown = self._shown(self._clock.now())
         if shown != self._published:
             self._published = shown
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
             for listener in self._change_listeners:
                 try:
                     listener(self)
                 except Exception:
                     logger.exception("change listener failed")
 
-    # -- renewal gaps -------------------------------------------------------------------
-
     def seconds_since_renewal(self) -> float:
-        if self._role is not Role.LEADER:
-            return 0.0
-        return max(0.0, self._clock.now() - self._last_renewal_sent)
+        return self._gaps.since_last() if self._role is Role.LEADER else 0.0
 
     def hold_shown(self) -> tuple[float, float] | None:
         """For a lease on an operator's hold: (seconds since this replica first saw it, the
         hold's length); None otherwise. Read at scrape time."""
-        record = self._view.record
-        since = self._view.unchanged_since
-        if record is None or since is None or not is_hold(record.holder):
-            return None
-        return max(0.0, self._clock.now() - since), record.duration
-
-    def _check_growing_gap(self, now: float) -> None:
-        if self._role is not Role.LEADER or self._gap_alerted:
-            return
-        gap = now - self._last_renewal_sent
-        if gap > self.timing.lease_duration / 2:
-            self._alert_gap(gap, growing=True)
-
-    def _alert_gap(self, gap: float, *, growing: bool) -> None:
-        """Once per episode: an episode ends with the next successful renewal."""
-        self._gap_alerted = True
-        self.metrics.gap_over_half_lease.inc()
-        last_error = self._last_error
-        if last_error is None and self._renewal_out is not None:
-            waited = self._clock.now() - self._renewal_out
-            last_error = f"renewal sent {waited:.3f}s ago, no answer yet"
-        log(
-            logger,
-            "warning",
-            "renewal gap past half the lease",
-            lease=self.lease,
-            gap_seconds=round(gap, 3),
-            lease_duration_seconds=self.timing.lease_duration,
-            still_growing=growing,
-            last_error=last_error,
-        )
-        alert = GapAlert(gap, self.timing.lease_duration, growing, last_error, self.status())
-        for listener in self._gap_listeners:
-            try:
-                listener(alert)
-            except Exception:
-                logger.exception("gap alert listener failed")
+        return self._view.hold_shown(self._clock.now())
 
     # -- the watch ----------------------------------------------------------------------
 
@@ -1084,7 +709,7 @@ class Elector:
 
     def on_watch(self, record: LeaseRecord | None) -> None:
         """React to a change seen by the store's watch, without a store call."""
-        self._observe(record, from_watch=True)
+        self.observe(record, from_watch=True)
         now = self._clock.now()
         if self._role is Role.LEADER:
             if lost_grant(record, self._term) or (record is not None and record.unreadable):
@@ -1097,44 +722,35 @@ class Elector:
             ):
                 # A grant to someone else at our term or later, a later grant, or a release of
                 # our grant: the others may lead now, so stop at once (rule 5).
-                self._demote(_taken_by(record))
-                self._ask_for_attempt(now + self._follower_delay())
+                self.demote(_taken_by(record))
+                self._ask_for_attempt(now + self.follower_delay())
             else:
                 self.store_answers()  # our grant, read again: a renewal that failed goes now
             return
         if self._loss_to_write_down() is not None:
             # Write the loss down soon (a little spread: the first marker stops the others).
-            self._ask_for_attempt(now + self._herd_jitter())
+            self._ask_for_attempt(now + pacing.herd_jitter(self.timing, self._rng))
             return
-        self._ask_for_attempt(now + self._follower_delay())
+        self._ask_for_attempt(now + self.follower_delay())
 
     def _ask_for_attempt(self, at: float) -> None:
         self._next_attempt = at
         self._watch_asked = min(self._watch_asked, at)
         self.wake_scheduler(self)
 
-    # -- timing -------------------------------------------------------------------------
+    # -- timing and requests -----------------------------------------------------------
 
-    def _follower_delay(self, *, raced: bool = False) -> float:
-        """Until the next attempt the view allows: at the exact observed expiry, or at once for
-        a release, a new lease or our own name — a hand-off is one notification plus one round
-        trip. Jitter only where followers would collide again: after a lost race, and at an
-        expiry they all timed from the same renewal."""
-        now = self._clock.now()
-        attempt = self._view.next_attempt(now)
-        wait = max(0.0, attempt.at - now)
-        if wait > 0 or raced:
-            return wait + self._herd_jitter()
-        return 0.0
+    def follower_delay(self, *, raced: bool = False) -> float:
+        """Until the next attempt the view allows (`sidecar.pacing`)."""
+        return pacing.follower_delay(
+            self._view, self._clock.now(), self.timing, self._rng, raced=raced
+        )
 
-    def _herd_jitter(self) -> float:
-        """A little spread so followers woken together do not all hit the store at once."""
-        return self._rng.uniform(0, min(0.1 * self.timing.retry_period, 0.05))
+    def retry_delay(self) -> float:
+        """A retry period, jittered (`sidecar.pacing`)."""
+        return pacing.retry_delay(self.timing, self._rng)
 
-    def _retry_delay(self) -> float:
-        return self.timing.retry_period * self._rng.uniform(1.0, 1.5)
-
-    async def _call(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
+    async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
         """One store request within ``budget`` seconds (`sidecar.store_call`), counted as this
         lease's. Every outcome also tells the sidecar's probe whether the store answers."""
         try:

@@ -19,12 +19,13 @@ import random
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from sidecar.api_thread import on_loop
 from sidecar.app_check import AppCheck
 from sidecar.backends.base import Candidate, RenewsMany, StoreClient, StoreError
 from sidecar.balance import Move, plan, share
 from sidecar.candidates import CandidateBeat, CandidateView, successor_order
 from sidecar.clock import SYSTEM_CLOCK, Clock
-from sidecar.elector import Elector, on_loop
+from sidecar.elector import Elector
 from sidecar.logs import log
 from sidecar.metrics import Metrics
 from sidecar.observed import Attempt

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.backends.base import LeaseRecord, is_hold
+from sidecar.backends.base import LeaseRecord, is_hold, room_for_marker
 
 # How far a grant after a store loss jumps above every term seen, per loss in a row.
 LOSS_TERM_GAP = 1000
@@ -96,6 +96,9 @@ class LeaseView:
         # this replica could not see it (a grant made and forgotten meanwhile). The next
         # observation that still shows a loss counts as a new loss and restarts the wait.
         self.blind = False
+        # The last two grants the store showed, (holder, term), us included, newest last: the
+        # grant a new one of ours replaces (the one before, when we saw ours already: handed).
+        self._holders_seen: list[tuple[str, int]] = []
 
     # -- observing ---------------------------------------------------------------------
 
@@ -118,6 +121,10 @@ class LeaseView:
         )
         self.seen_anything = True
         self.record = record
+        if record is not None and record.holder is not None:
+            grant = (record.holder, record.term)
+            if grant not in self._holders_seen:
+                self._holders_seen = [*self._holders_seen[-1:], grant]
         if changed:
             self._key = key
             self._since = at
@@ -205,6 +212,39 @@ class LeaseView:
             return Attempt(now, record.version, self.high_water, "released")
         # Someone else's (a record whose holder the store lost is a loss, above).
         return Attempt(self._since + record.duration, record.version, self.high_water, "expired")
+
+    def replaced_holder(self, term: int, own_term: int) -> str | None:
+        """Who held the grant our new one (``term``) replaced: the newest grant seen below it
+        — ours only if we led with it (``own_term``; not a hand-over's grant we took again by
+        a write)."""
+        earlier = [
+            holder
+            for holder, seen in self._holders_seen
+            if seen < term and (holder != self.identity or seen == own_term)
+        ]
+        return earlier[-1] if earlier else None
+
+    def loss_to_write_down(self) -> int | None:
+        """The term a follower writes down in a loss marker, if any (rule 5): in a loss, and
+        the store shows nothing — or a marker, a release or a grant below the highest term we
+        saw (`room_for_marker`). Without it, a replica that starts during the wait would see no
+        term at all and grant term 1 again (and its successors 2, 3, ... again): the README's
+        limit, shrunk to the moments between the loss and this write. Over a lower release or
+        grant: the count that started again (a replica that started before anyone wrote the
+        loss down) would otherwise climb from it, under our eyes, to the term we saw."""
+        seen = self.high_water
+        if seen == 0 or self.loss_since is None or self.blind:
+            return None  # (blind: a request just failed; look again before writing)
+        return seen if room_for_marker(self.record, seen) else None
+
+    def hold_shown(self, now: float) -> tuple[float, float] | None:
+        """For a lease on an operator's hold: (seconds since this replica first saw it, the
+        hold's length); None otherwise."""
+        record = self.record
+        since = self.unchanged_since
+        if record is None or since is None or not is_hold(record.holder):
+            return None
+        return max(0.0, now - since), record.duration
 
     @property
     def unchanged_since(self) -> float | None:

@@ -168,7 +168,7 @@ def test_every_store_operation_the_sidecar_counts_is_documented() -> None:
 
     root = Path(__file__).resolve().parents[2]
     code = "\n".join(path.read_text() for path in (root / "sidecar").glob("*.py"))
-    used = set(re.findall(r'_call\(\s*"(\w+)"', code))
+    used = set(re.findall(r'(?:_call|\.request)\(\s*"(\w+)"', code))
     used |= set(re.findall(r'_count\(\s*"(\w+)"', code))
     assert used == OPS
     table = (root / "docs" / "operations.md").read_text()

@@ -239,7 +239,7 @@ async def test_get_root_answers_leader_elector_shape_with_the_holders_pod() -> N
         answer = await client.get("/")
         assert answer.status == 200
         assert await answer.json() == {"name": ""}  # nobody holds it yet
-        elector._observe(LeaseRecord("pod-b-7f9_0a1b2c3d", 4, 3.0, "v1"))
+        elector.observe(LeaseRecord("pod-b-7f9_0a1b2c3d", 4, 3.0, "v1"))
         assert await (await client.get("/")).json() == {"name": "pod-b-7f9"}
     finally:
         await client.close()

@@ -1110,7 +1110,7 @@ async def test_a_renewal_hanging_past_half_the_lease_alerts_while_still_in_fligh
 
     store.renew = hanging_renew  # type: ignore[method-assign, assignment]
     await asyncio.sleep(timing.renew_interval)
-    half_mark = elector._last_renewal_sent + timing.lease_duration / 2
+    half_mark = elector._gaps.half_mark
     renewing = asyncio.create_task(elector.step())
     await asyncio.sleep(half_mark - elector._clock.now() + 0.05)
     assert not renewing.done(), "the renewal should still be in flight"

@@ -60,9 +60,14 @@ async def test_every_elector_shares_its_listeners(tmp_path: Path) -> None:
     sidecar = await running_sidecar(tmp_path, 8)
     try:
         electors = list(sidecar.leases.electors.values())
-        for listeners in ("_transition_listeners", "_change_listeners", "_gap_listeners"):
-            firsts = {id(listener) for e in electors for listener in getattr(e, listeners)}
-            assert len(firsts) == len(getattr(electors[0], listeners)), listeners
+        held_by = {
+            "_transition_listeners": lambda e: e._transition_listeners,
+            "_change_listeners": lambda e: e._change_listeners,
+            "_gaps._listeners": lambda e: e._gaps._listeners,
+        }
+        for listeners, of in held_by.items():
+            firsts = {id(listener) for e in electors for listener in of(e)}
+            assert len(firsts) == len(of(electors[0])), listeners
         async with asyncio.timeout(10):
             while len(sidecar.leases.held()) < 8:  # noqa: ASYNC110 (a poll on purpose)
                 await asyncio.sleep(0.02)
