@@ -548,6 +548,46 @@ async def test_case1_a_second_rollback_hidden_by_an_outage_is_waited_out_too(
     assert not c.status().leader, "took the lease while the grant it could not see still led"
 
 
+async def test_case1_a_loss_marker_shown_again_after_an_outage_is_waited_out_again(
+    world: World,
+) -> None:
+    """c saw the store lose term 2 and b write it down (a loss marker of c's own highest
+    term: no marker of c's can go over it). While c could not reach the store, b waited the
+    marker out and led, and the store forgot b's grant: it shows c the very marker it saw
+    before. Nothing looks changed, and c's wait from the first loss is long over; only the
+    failed request tells c that a grant may have come and gone meanwhile. It must wait again
+    and jump two losses, not take the lease at once at b's term."""
+    b = world.elector("b")
+    c = world.elector("c", {"acquire", "read", "mark_lost"})
+    wall = world.clock.wall()
+    world.state.row = _Row("x_9999", 2, 10.0, world.state.next_version(), False, wall, wall)
+    await b.step()
+    await c.step()  # b and c saw term 2
+    world.state.delete()  # loss 1
+    b.on_watch(None)
+    await b.step()  # b writes the loss down
+    marker_row = dataclasses.replace(world.state.row)
+    marker = world.state.record()
+    assert marker is not None
+    assert (marker.term, marker.forgotten) == (2, True)
+    c.on_watch(marker)
+    world.clock.advance(TIMING.lease_duration + 0.1)
+    b.on_watch(marker)
+    await b.step()
+    assert b.status().leader
+    b_term = b.status().term
+    store_of(c).fail_next("acquire", StoreUnavailable("the store fails over"))
+    await c.step()  # c's attempt meets the outage; meanwhile the store forgets b's grant
+    world.state.row = dataclasses.replace(marker_row)  # the marker c saw, version and all
+    world.clock.advance(TIMING.retry_period * 1.5)
+    await c.step()
+    await c.step()
+    assert not c.status().leader, "took the lease at once after an outage that hid a grant"
+    attempt = c.view.next_attempt(world.clock.now())
+    assert attempt.why == "lost"
+    assert attempt.min_term > b_term
+
+
 async def test_case1_a_second_loss_hidden_by_an_outage_is_waited_out_too(world: World) -> None:
     """The sharded chaos run (seed 1555969620): c waits out a loss; b, granted after it, is
     forgotten by a second loss while c cannot reach the store (its attempt fails), and c's
