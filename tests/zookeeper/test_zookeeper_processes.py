@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,6 +194,63 @@ async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
                 at for at in logged_at(procs, "the store lost the lease's state") if at >= wiped_at
             ]
             assert losses, "no sidecar saw the loss"
+            assert again.since >= min(losses) + LEASE - 0.05, (again, min(losses))
+    observer.assert_never_two_leaders()
+    assert_fenced(observer)
+    served: dict[int, set[str]] = {}
+    for sample in observer.samples:
+        if sample.leader and sample.term is not None and sample.identity is not None:
+            served.setdefault(sample.term, set()).add(sample.identity)
+    assert all(len(ids) == 1 for ids in served.values()), served
+
+
+async def test_an_ensemble_restored_from_an_older_snapshot_is_waited_out(
+    members: Ensemble,
+) -> None:
+    """Rule 8 on ZooKeeper, the other way a store loses state: every member's data copied
+    while the lease stood at a term (a backup), two more terms granted, then every member
+    restored from that copy. The store shows an older grant, of a term below what the
+    sidecars saw, to a replica long gone; their sessions are refused (they have seen newer
+    zxids) and start anew; they write the highest term seen over that grant, wait it out, and
+    lead again under a term above every term served — never one served twice."""
+    url = members.url(fresh_chroot("snapshot"))
+    with sidecars(["a", "b", "c", "d"], url, lease_duration=f"{LEASE:g}s") as procs:
+        async with observing(procs) as observer:
+            first = await signal_leader(observer, procs, signal.SIGTERM, within=2 * LEASE)
+            backup = {}
+            for member in members.members:  # a consistent backup: taken while stopped
+                await asyncio.to_thread(member.kill)
+                backup[member.name] = member.directory / "backup"
+                await asyncio.to_thread(shutil.copytree, member.data_dir, backup[member.name])
+            for member in members.members:
+                member.launch()
+            await asyncio.to_thread(members.wait_serving)
+            second = await signal_leader(observer, procs, signal.SIGTERM, within=4 * LEASE)
+            assert second.successor.term is not None
+            assert first.successor.term is not None
+            assert second.successor.term > first.successor.term
+            highest = max(s.term or 0 for s in observer.samples if s.leader)
+            restored_at = time.time()
+            for member in members.members:  # down until the leader's deadline passed
+                await asyncio.to_thread(member.kill)
+            await observer.wait_for(
+                lambda s: s.name == second.successor.name and not s.leader
+                and s.sent >= restored_at,
+                timeout=LEASE + 1,
+            )  # fmt: skip
+            for member in members.members:
+                await asyncio.to_thread(shutil.rmtree, member.data_dir)
+                await asyncio.to_thread(shutil.copytree, backup[member.name], member.data_dir)
+                member.launch()
+            await asyncio.to_thread(members.wait_serving)
+            serving_at = time.time()
+            again = await observer.leader(timeout=4 * LEASE + 5, after=serving_at)
+            assert again.term is not None
+            assert again.term > highest, (again, highest)
+            assert logged_at(procs, "every zookeeper server refused this session: starting anew")
+            lost = logged_at(procs, "the store lost the lease's state")
+            losses = [at for at in lost if at >= restored_at]
+            assert losses, "no sidecar saw the restored store's older grant as a loss"
             assert again.since >= min(losses) + LEASE - 0.05, (again, min(losses))
     observer.assert_never_two_leaders()
     assert_fenced(observer)
