@@ -51,14 +51,7 @@ def target_of(config: StoreConfig) -> EtcdTarget:
     """The cluster of ``--store etcd://…`` or ``etcds://…`` and the ``--etcd-*`` flags; its
     TLS files are loaded now, so a wrong one stops the sidecar at start-up."""
     settings = settings_of(config)
-    target = parse_target(
-        config.store,
-        username=settings.username,
-        password=settings.password,
-        ca_file=settings.ca_file,
-        cert_file=settings.cert_file,
-        key_file=settings.key_file,
-    )
+    target = parse_target(config.store, **settings.flags())
     target.ssl_context()
     return target
 

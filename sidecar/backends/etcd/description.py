@@ -7,38 +7,20 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.description import (
-    Store,
-    StoreConfig,
-    WrongForm,
-    check_files,
-    check_together,
-)
+from sidecar.backends.description import Store, StoreConfig, WrongForm
 from sidecar.backends.endpoints import netloc_ok
 from sidecar.backends.etcd.target import EtcdSettings
-from sidecar.options import Option, parse_text
+from sidecar.backends.kit.credentials import check_credentials, credential_options, credentials_of
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
 
-OPTIONS = (
-    Option("--etcd-username", parse_text, "etcd user (overrides the URL's)", "USER"),
-    Option(
-        "--etcd-password",
-        parse_text,
-        "etcd user's password (overrides the URL's; prefer the environment variable)",
-        "PASSWORD",
-        secret=True,
-    ),
-    Option(
-        "--etcd-ca-file",
-        parse_text,
-        "CA bundle that signs the etcd members' certificates (etcds://)",
-        "PATH",
-    ),
-    Option("--etcd-cert-file", parse_text, "client certificate for etcd TLS", "PATH"),
-    Option("--etcd-key-file", parse_text, "client key for etcd TLS", "PATH"),
+OPTIONS = credential_options(
+    "etcd",
+    user="etcd user",
+    title="etcd",
+    ca="CA bundle that signs the etcd members' certificates (etcds://)",
 )
 
 
@@ -50,18 +32,11 @@ def check_url(url: str) -> str:
 
 
 def check_options(values: Mapping[str, Any], store: str) -> None:
-    check_files(values, "etcd_cert_file", "etcd_key_file", "etcd_ca_file")
-    check_together(values, "etcd_cert_file", "etcd_key_file")
+    check_credentials(values, "etcd")
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> EtcdSettings:
-    return EtcdSettings(
-        username=values.get("etcd_username"),
-        password=values.get("etcd_password"),
-        ca_file=values.get("etcd_ca_file"),
-        cert_file=values.get("etcd_cert_file"),
-        key_file=values.get("etcd_key_file"),
-    )
+    return credentials_of(values, "etcd", EtcdSettings)
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:

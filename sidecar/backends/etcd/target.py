@@ -9,8 +9,9 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
-from sidecar.backends.description import StoreConfig, StoreSettings
+from sidecar.backends.description import StoreConfig
 from sidecar.backends.endpoints import join_host, split_host_port
+from sidecar.backends.kit.credentials import Credentials, tls_files_need_tls, user_and_password
 from sidecar.backends.tls import flags_context
 from sidecar.config_error import ConfigError
 from sidecar.redact import redact_url
@@ -80,7 +81,6 @@ def parse_target(
             "LEADER_SIDECAR_ETCD_* variables"
         )
     userinfo, _, hostlist = parsed.netloc.rpartition("@")
-    url_user, _, url_password = userinfo.partition(":")
     endpoints = tuple(_split_host(part, bad) for part in hostlist.split(","))
     prefix = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
     prefix = urllib.parse.unquote(prefix).rstrip("/") or DEFAULT_PREFIX
@@ -89,16 +89,8 @@ def parse_target(
             "the path is the key prefix: at most 200 characters from A-Z a-z 0-9 . _ - /, "
             "e.g. etcd://host:2379/team-a/leases"
         )
-    if parsed.scheme != "etcds":
-        for flag, value in (("--etcd-ca-file", ca_file), ("--etcd-cert-file", cert_file)):
-            if value:
-                raise ConfigError(flag, value, "only applies to an etcds:// (TLS) store")
-    user = username or (urllib.parse.unquote(url_user) or None)
-    secret = password or (urllib.parse.unquote(url_password) or None)
-    if secret and not user:
-        raise ConfigError(
-            "--etcd-password", "(hidden)", "needs a user: give --etcd-username or user@ in the URL"
-        )
+    tls_files_need_tls("etcd", "etcds", parsed.scheme, ca_file, cert_file)
+    user, secret = user_and_password("etcd", userinfo, username, password)
     return EtcdTarget(
         scheme=parsed.scheme,
         endpoints=endpoints,
@@ -118,18 +110,8 @@ def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]
         raise bad(f"{text!r} is not HOST or HOST:PORT") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class EtcdSettings(StoreSettings):
+class EtcdSettings(Credentials):
     """The ``--etcd-*`` options, parsed: ``Config.store_settings`` with this store."""
-
-    username: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    def secrets(self) -> tuple[str | None, ...]:
-        return (self.password,)
 
 
 def settings_of(config: StoreConfig) -> EtcdSettings:

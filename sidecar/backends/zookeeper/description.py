@@ -6,41 +6,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.description import (
-    Store,
-    StoreConfig,
-    WrongForm,
-    check_files,
-    check_together,
-)
+from sidecar.backends.description import Store, StoreConfig, WrongForm
+from sidecar.backends.kit.credentials import check_credentials, credential_options, credentials_of
 from sidecar.backends.zookeeper.target import ZooKeeperSettings, parse_target
 from sidecar.config_error import ConfigError
-from sidecar.options import Option, parse_text
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
 
 
-OPTIONS = (
-    Option(
-        "--zookeeper-username", parse_text, "ZooKeeper digest user (overrides the URL's)", "USER"
-    ),
-    Option(
-        "--zookeeper-password",
-        parse_text,
-        "ZooKeeper digest user's password (overrides the URL's; prefer the environment variable)",
-        "PASSWORD",
-        secret=True,
-    ),
-    Option(
-        "--zookeeper-ca-file",
-        parse_text,
-        "CA bundle that signs the ZooKeeper servers' certificates (zookeepers://)",
-        "PATH",
-    ),
-    Option("--zookeeper-cert-file", parse_text, "client certificate for ZooKeeper TLS", "PATH"),
-    Option("--zookeeper-key-file", parse_text, "client key for ZooKeeper TLS", "PATH"),
+OPTIONS = credential_options(
+    "zookeeper",
+    user="ZooKeeper digest user",
+    title="ZooKeeper",
+    ca="CA bundle that signs the ZooKeeper servers' certificates (zookeepers://)",
 )
 
 
@@ -53,18 +33,11 @@ def check_url(url: str) -> str:
 
 
 def check_options(values: Mapping[str, Any], store: str) -> None:
-    check_files(values, "zookeeper_cert_file", "zookeeper_key_file", "zookeeper_ca_file")
-    check_together(values, "zookeeper_cert_file", "zookeeper_key_file")
+    check_credentials(values, "zookeeper")
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> ZooKeeperSettings:
-    return ZooKeeperSettings(
-        username=values.get("zookeeper_username"),
-        password=values.get("zookeeper_password"),
-        ca_file=values.get("zookeeper_ca_file"),
-        cert_file=values.get("zookeeper_cert_file"),
-        key_file=values.get("zookeeper_key_file"),
-    )
+    return credentials_of(values, "zookeeper", ZooKeeperSettings)
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:

@@ -17,8 +17,8 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sidecar.backends.description import StoreSettings
 from sidecar.backends.endpoints import join_host, split_host_port
+from sidecar.backends.kit.credentials import Credentials, tls_files_need_tls, user_and_password
 from sidecar.config_error import ConfigError
 from sidecar.redact import redact_url
 
@@ -95,7 +95,6 @@ def parse_target(
             "LEADER_SIDECAR_ZOOKEEPER_* variables"
         )
     userinfo, _, hostlist = parsed.netloc.rpartition("@")
-    url_user, _, url_password = userinfo.partition(":")
     hosts = tuple(_split_host(part, bad) for part in hostlist.split(","))
     chroot = urllib.parse.unquote(parsed.path).rstrip("/") or DEFAULT_CHROOT
     if not _CHROOT.fullmatch(chroot) or any(part in (".", "..") for part in chroot.split("/")):
@@ -103,23 +102,11 @@ def parse_target(
             "the path is the chroot: up to ten /names of A-Z a-z 0-9 . _ -, "
             "e.g. zookeeper://zk1:2181,zk2:2181/team-a/leases"
         )
+    url_user, _, url_password = userinfo.partition(":")
     if url_password and not url_user:
         raise bad("a password needs a user: zookeeper://user:password@host/…")
-    if parsed.scheme != "zookeepers":
-        for flag, value in (
-            ("--zookeeper-ca-file", ca_file),
-            ("--zookeeper-cert-file", cert_file),
-        ):
-            if value:
-                raise ConfigError(flag, value, "only applies to a zookeepers:// (TLS) store")
-    user = username or (urllib.parse.unquote(url_user) or None)
-    secret = password or (urllib.parse.unquote(url_password) or None)
-    if secret and not user:
-        raise ConfigError(
-            "--zookeeper-password",
-            "(hidden)",
-            "needs a user: give --zookeeper-username or user@ in the URL",
-        )
+    tls_files_need_tls("zookeeper", "zookeepers", parsed.scheme, ca_file, cert_file)
+    user, secret = user_and_password("zookeeper", userinfo, username, password)
     return ZooKeeperTarget(
         hosts=hosts,
         chroot=chroot,
@@ -139,18 +126,8 @@ def _split_host(text: str, bad: Callable[[str], ConfigError]) -> tuple[str, int]
         raise bad(f"{text!r} is not HOST or HOST:PORT") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class ZooKeeperSettings(StoreSettings):
+class ZooKeeperSettings(Credentials):
     """The ``--zookeeper-*`` options, parsed: ``Config.store_settings`` with this store."""
-
-    username: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-    def secrets(self) -> tuple[str | None, ...]:
-        return (self.password,)
 
 
 def target_of(config: StoreConfig) -> ZooKeeperTarget:
@@ -160,13 +137,6 @@ def target_of(config: StoreConfig) -> ZooKeeperTarget:
     settings = config.store_settings
     if not isinstance(settings, ZooKeeperSettings):
         settings = ZooKeeperSettings()
-    target = parse_target(
-        config.store,
-        username=settings.username,
-        password=settings.password,
-        ca_file=settings.ca_file,
-        cert_file=settings.cert_file,
-        key_file=settings.key_file,
-    )
+    target = parse_target(config.store, **settings.flags())
     target.ssl_context()
     return target
