@@ -13,7 +13,7 @@ import pytest
 from sidecar.backends.base import Candidate, LeaseRecord, Renewal, StoreUnavailable
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
-from sidecar.backends.zookeeper.connection import Node
+from sidecar.backends.zookeeper.jute import Node
 from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.target import parse_target
 from tests.zookeeper.servers import fresh_chroot, shared_standalone

@@ -32,7 +32,7 @@ from sidecar.backends.kit.candidate_json import candidate_object
 from sidecar.backends.kit.lease_json import encode
 from sidecar.backends.kit.versions import new_version
 from sidecar.backends.zookeeper import jute
-from sidecar.backends.zookeeper.connection import Node
+from sidecar.backends.zookeeper.jute import Node
 from sidecar.backends.zookeeper.session import ZkError
 from sidecar.logs import log
 

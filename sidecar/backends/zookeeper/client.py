@@ -12,7 +12,8 @@ from sidecar.backends.base import NotOwned, Renewal, RenewalOutcome, StoreError,
 from sidecar.backends.kit.lease_json import renewal_value
 from sidecar.backends.zookeeper import jute
 from sidecar.backends.zookeeper.candidates import ZooKeeperCandidates
-from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
+from sidecar.backends.zookeeper.connection import ZooKeeperConnection
+from sidecar.backends.zookeeper.jute import Node
 from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.store import ZooKeeperLease
 from sidecar.backends.zookeeper.target import ZooKeeperTarget

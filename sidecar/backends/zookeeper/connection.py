@@ -31,6 +31,7 @@ from sidecar.backends.kit import versions
 from sidecar.backends.kit.guard import Guard
 from sidecar.backends.kit.lease_json import decode_record
 from sidecar.backends.zookeeper import jute
+from sidecar.backends.zookeeper.jute import Node
 from sidecar.backends.zookeeper.reads import FollowerReads
 from sidecar.backends.zookeeper.session import ConnectionLost, ZkError, ZkSession
 from sidecar.backends.zookeeper.target import ZooKeeperTarget
@@ -40,14 +41,6 @@ T = TypeVar("T")
 # Answers that say this client is not served at all (not about one znode).
 _NOT_SERVED = (jute.NO_AUTH, jute.AUTH_FAILED, jute.SESSION_EXPIRED)
 logger = logging.getLogger("sidecar.zookeeper")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Node:
-    """One znode as read: its data and stat."""
-
-    data: bytes
-    stat: jute.Stat
 
 
 Follower = Callable[[], None]

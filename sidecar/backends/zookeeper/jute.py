@@ -179,6 +179,14 @@ class Stat:
     children: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Node:
+    """One znode as read: its data and stat."""
+
+    data: bytes
+    stat: Stat
+
+
 # -- request bodies -------------------------------------------------------------------------
 
 

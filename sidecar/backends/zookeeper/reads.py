@@ -20,12 +20,28 @@ from __future__ import annotations
 
 import asyncio
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from sidecar.backends.base import StoreError
+from sidecar.backends.zookeeper.jute import Node
 
 if TYPE_CHECKING:
-    from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+    from sidecar.backends.base import StoreUnavailable
+
+T = TypeVar("T")
+
+
+class ReadsMany(Protocol):
+    """What the batches need of the connection (`ZooKeeperConnection`)."""
+
+    @property
+    def seen(self) -> Mapping[str, Node | None]: ...
+
+    async def guarded(self, work: Callable[[], Awaitable[T]]) -> T: ...
+
+    async def read_many(self, paths: Sequence[str]) -> list[Node | StoreUnavailable | None]: ...
 
 
 _Batch = list[tuple[str, list["asyncio.Future[Node | None]"]]]
@@ -44,7 +60,7 @@ class FollowerReads:
     # Requests out at once: the next burst is sent while a large read is answered.
     SLOTS = 2
 
-    def __init__(self, connection: ZooKeeperConnection) -> None:
+    def __init__(self, connection: ReadsMany) -> None:
         self._connection = connection
         self._slots = asyncio.Semaphore(self.SLOTS)
         self._queued: dict[str, list[asyncio.Future[Node | None]]] = {}  # oldest first

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Callable
 
 from sidecar.backends.base import LeaseRecord
 from sidecar.backends.kit.swap_lease import SwapLease
-from sidecar.backends.zookeeper.connection import Node, ZooKeeperConnection
+from sidecar.backends.zookeeper.connection import ZooKeeperConnection
+from sidecar.backends.zookeeper.jute import Node
 
 
 class ZooKeeperLease(SwapLease[str, Node]):
