@@ -63,10 +63,12 @@ async def test_a_promoted_standby_that_missed_the_newest_grant_never_makes_two_l
             )
             await asyncio.sleep(0.5)  # renewals the standby misses too
             await asyncio.to_thread(primary.stop, signal.SIGKILL)
-            await asyncio.to_thread(standby.promote)
+            # Read while it is still a standby (read-only): once promoted, the sidecars write
+            # over what it shows at once (a loss marker, or the newest holder's grant put back).
             assert standby.value(
                 "SELECT term FROM leader_sidecar.leases WHERE name = 'default'"
             ) == str(first.term), "the standby did not miss the newest grant"
+            await asyncio.to_thread(standby.promote)
             promoted = time.time()
             after = await observer.wait_for(
                 lambda s: s.leader and s.sent > promoted + 0.5, timeout=20
