@@ -9,42 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from sidecar.backends.base import Conflict, LeaseHeld, LeaseRecord, LeaseStore, StoreError
+from sidecar.backends.base import Conflict, LeaseHeld, LeaseRecord, StoreError
 from sidecar.clock import Clock
+from sidecar.lease_handle import LeaseHandle
 from sidecar.logs import log
-from sidecar.observed import Attempt, LeaseView
-from sidecar.timing import Timing
+from sidecar.observed import Attempt
 
-T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")  # the elector's lines: operators filter on it
 
 
-class Following(Protocol):
+class Following(LeaseHandle, Protocol):
     """What a follower's writes need of their lease (`sidecar.elector.Elector`)."""
 
     @property
-    def identity(self) -> str: ...
-
-    @property
-    def lease(self) -> str: ...
-
-    @property
-    def store(self) -> LeaseStore: ...
-
-    @property
-    def timing(self) -> Timing: ...
-
-    @property
     def clock(self) -> Clock: ...
-
-    @property
-    def view(self) -> LeaseView: ...
-
-    @property
-    def term(self) -> int: ...
 
     @property
     def hold_off_until(self) -> float:
@@ -66,12 +47,6 @@ class Following(Protocol):
     def beat_sent_at(self) -> Callable[[str], float | None] | None:
         """When this replica sent the candidate beat of a version (None: not ours)."""
         ...
-
-    async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
-        """One store request within ``budget`` seconds, counted as this lease's."""
-        ...
-
-    def observe(self, record: LeaseRecord | None) -> None: ...
 
     def become_leader(
         self, record: LeaseRecord, sent: float, *, valid_until: float | None = None, how: str = ...

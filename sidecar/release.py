@@ -11,33 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from sidecar.backends.base import LeaseRecord, LeaseStore, NotOwned, StoreError
+from sidecar.backends.base import LeaseRecord, NotOwned, StoreError
+from sidecar.lease_handle import LeaseHandle
 from sidecar.logs import log
-from sidecar.observed import LeaseView
 from sidecar.status import Role
-from sidecar.timing import Timing
 
-T = TypeVar("T")
 logger = logging.getLogger("sidecar.elector")  # the elector's lines: operators filter on it
 
 
-class Releasable(Protocol):
+class Releasable(LeaseHandle, Protocol):
     """What a release needs of its lease (`sidecar.elector.Elector`)."""
-
-    @property
-    def identity(self) -> str: ...
-
-    @property
-    def lease(self) -> str: ...
-
-    @property
-    def store(self) -> LeaseStore: ...
-
-    @property
-    def timing(self) -> Timing: ...
 
     @property
     def lock(self) -> asyncio.Lock: ...
@@ -46,24 +31,12 @@ class Releasable(Protocol):
     def role(self) -> Role: ...
 
     @property
-    def term(self) -> int: ...
-
-    @property
     def stopping(self) -> bool: ...
-
-    @property
-    def view(self) -> LeaseView: ...
 
     def demote(self, reason: str, *, settled: asyncio.Event | None = None) -> None: ...
 
     def stand_back(self) -> None:
         """After a voluntary release: give the others the lease for one lease."""
-        ...
-
-    def observe(self, record: LeaseRecord | None) -> None: ...
-
-    async def request(self, op: str, request: Callable[[], Awaitable[T]], budget: float) -> T:
-        """One store request within ``budget`` seconds, counted as this lease's."""
         ...
 
 
