@@ -352,10 +352,14 @@ class EtcdStore(QuorumStore):
 
     async def start(self, directory: Path, shim: Path, slots: list[str]) -> None:
         (directory / "etcd").mkdir()
+        # The peer proxies listen before the members' ports are chosen: a proxy's ephemeral
+        # port can then not be one a member was given (and binds only at launch).
+        unaimed = [await TcpProxy("127.0.0.1", 0).start() for _ in range(3)]
         self.cluster = EtcdCluster(directory / "etcd", 3)
         self.peer_proxies = {}
-        for member in self.cluster.members:
-            proxy = await TcpProxy("127.0.0.1", member.peer_port, f"peer-{member.name}").start()
+        for member, proxy in zip(self.cluster.members, unaimed, strict=True):
+            proxy.upstream = ("127.0.0.1", member.peer_port)
+            proxy.name = f"peer-{member.name}"
             member.advertised_peer_port = proxy.port
             self.peer_proxies[member.name] = proxy
         await asyncio.to_thread(self.cluster.launch)
