@@ -243,6 +243,8 @@ async def test_a_restore_from_an_older_snapshot_never_repeats_a_term(
                 leader = handover.leader
             before_restore = max(s.term or 0 for s in observer.samples if s.leader)
             assert snapshot_term + 2 <= before_restore  # the restore takes etcd two terms back
+            running = [p.name for p in procs if p.proc.poll() is None]
+            await observer.all_seen(before_restore, running)  # a replacement may be starting
             restored_at = time.time()
             await asyncio.to_thread(cluster.restore_snapshot, tmp_path / "snap.db")
             again = await observer.leader(timeout=6 * LEASE + 5, after=restored_at + 0.5)

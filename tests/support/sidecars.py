@@ -302,6 +302,16 @@ class LeaderObserver:
         """The first 200 answered for a request sent after ``after`` (wall clock)."""
         return await self.wait_for(lambda s: s.leader and s.sent >= after, timeout)
 
+    async def all_seen(self, term: int, names: Sequence[str], timeout: float = 10.0) -> None:
+        """Wait until each sidecar in ``names`` has answered with ``term`` or a higher one,
+        leading or not: each has seen it. A replica that never saw a term cannot know one was
+        lost (docs/design.md, rule 8's limit), so a test of what replicas do after a loss lets
+        them all see the terms first; a slow start would otherwise race the fault."""
+        for name in names:
+            await self.wait_for(
+                lambda s, name=name: s.name == name and (s.term or 0) >= term, timeout
+            )
+
     def two_leaders_at_once(self) -> list[tuple[Sample, Sample]]:
         """Pairs of 200s from different identities proving both led at one instant."""
         latest: dict[tuple[str, float], Sample] = {}  # one reign = identity + since

@@ -157,9 +157,12 @@ async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
     it), so their client starts anew; the replicas that find the lease gone wait the loss out
     (nobody is granted for a lease after the first of them saw it); leadership returns under a
     term above every term served before, and no term is served by two identities. A hand-off
-    first, so that a term counted from the empty store again would show. The ensemble stays
-    down until the leader demoted: back within a lease, the leader would put its grant back
-    and go on leading under its term, as designed (rule 5) — the test once raced that."""
+    first, so that a term counted from the empty store again would show; every sidecar still
+    running has seen its term before the wipe (one still starting could not know there was a
+    term to lose — rule 8's limit — and CI once wiped before the third had connected). The
+    ensemble stays down until the leader demoted: back within a lease, the leader would put
+    its grant back and go on leading under its term, as designed (rule 5) — the test once
+    raced that."""
     url = members.url(fresh_chroot("restored"))
     with sidecars(["a", "b", "c"], url, lease_duration=f"{LEASE:g}s") as procs:
         async with observing(procs) as observer:
@@ -167,6 +170,8 @@ async def test_an_ensemble_restored_empty_is_waited_out_and_no_term_goes_back(
             leader = handover.successor
             highest = max(s.term or 0 for s in observer.samples if s.leader)
             assert highest >= 2
+            running = [proc.name for proc in procs if proc is not handover.leader]
+            await observer.all_seen(highest, running)
             wiped_at = time.time()
             for member in members.members:  # down and empty until the leader's deadline passed
                 await asyncio.to_thread(member.wipe)
@@ -230,6 +235,8 @@ async def test_an_ensemble_restored_from_an_older_snapshot_is_waited_out(
             assert first.successor.term is not None
             assert second.successor.term > first.successor.term
             highest = max(s.term or 0 for s in observer.samples if s.leader)
+            running = [p.name for p in procs if p not in (first.leader, second.leader)]
+            await observer.all_seen(highest, running)
             restored_at = time.time()
             for member in members.members:  # down until the leader's deadline passed
                 await asyncio.to_thread(member.kill)
