@@ -114,13 +114,12 @@ async def one_trial(pool: Pool) -> dict[str, float] | None:
     return at
 
 
-async def one_store(name: str, trials: int, tmp: Path, direct: bool) -> dict[str, Any]:
+async def one_store(name: str, trials: int, tmp: Path, proxies: bool) -> dict[str, Any]:
     store_class, ours_class = STORES[name]
     (tmp / name).mkdir()
     store = store_class(tmp / name)  # type: ignore[abstract]
-    if direct and name == "zookeeper":
-        # Past the harness's frame proxies: a Python hop each way for every frame.
-        store.endpoint_for = lambda slot: store.server.endpoint  # type: ignore[attr-defined]
+    if proxies and name == "zookeeper":
+        store.proxies = True  # type: ignore[attr-defined]  # through the harness's frame proxies
     everyone: list[Any] = []
     loads = [os.getloadavg()[0]]
     began = time.time()
@@ -189,7 +188,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.stores.split(","):
             if name not in STORES:
                 raise SystemExit(f"--stores: unknown store {name!r} ({', '.join(STORES)})")
-            out[name] = await one_store(name, args.trials, Path(tmp_name), args.zookeeper_direct)
+            out[name] = await one_store(name, args.trials, Path(tmp_name), args.zookeeper_proxies)
             print(report(name, out[name]), flush=True)
     return out
 
@@ -200,9 +199,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--json", default="", help="also write every trial's stamps here")
     parser.add_argument(
-        "--zookeeper-direct",
+        "--zookeeper-proxies",
         action="store_true",
-        help="ZooKeeper's replicas connect to the server, not through the frame proxies",
+        help="ZooKeeper's replicas connect through the frame proxies, as in benchmarks.run",
     )
     args = parser.parse_args()
     compile_bytecode()

@@ -21,13 +21,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from benchmarks.processes import AnchorProcess
 from tests.fakekube import FakeKubeProcess
 from tests.support.sidecars import SidecarProcess
+
+if TYPE_CHECKING:
+    from benchmarks.zookeeper_frames import FrameProxies
 
 NAMESPACE = "demo"
 Replica = SidecarProcess | AnchorProcess
@@ -760,22 +763,27 @@ class ZookeeperStore:
     """One standalone ZooKeeper 3.8 (tests/zookeeper/servers.py: ``tickTime`` 100 ms). Every
     replica of the pools connects through a proxy of its own that reads the wire protocol
     (`benchmarks.zookeeper_frames`): the requests each one sends, and the store's record of
-    writes (when each was answered). The start → leader trials connect to the server itself."""
+    writes (when each was answered). The start → leader trials connect to the server itself,
+    and so does every replica with ``proxies=False``: each frame through a proxy is a hop
+    through a thread of the harness, which shares the GIL with the observer (on a hand-off,
+    the write, its event and the successor's read: 3-6 ms of the median, `benchmarks.handoffs`
+    and `benchmarks.handoff_steps` saw)."""
 
     name = "ZooKeeper"
     short = "ZooKeeper"
     lease = 1.0
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, proxies: bool = True) -> None:
         from benchmarks.zookeeper_frames import FrameProxies
         from tests.zookeeper.servers import Standalone
 
         self.server = Standalone.start(tmp / "zookeeper")
+        self.proxies = proxies
         self.frames = FrameProxies(("127.0.0.1", self.server.client_port))
         self._kazoo: Any = None
 
     def endpoint_for(self, slot: str) -> str:
-        if slot.endswith("-start"):
+        if slot.endswith("-start") or not self.proxies:
             return self.server.endpoint
         return self.frames.endpoint(slot)
 
@@ -794,9 +802,16 @@ class ZookeeperStore:
     def unstall(self) -> None:
         self.server.resume()
 
+    def through_proxies(self) -> FrameProxies:
+        """The proxies' record (requests, writes): only where the replicas go through them."""
+        if not self.proxies:
+            raise RuntimeError("the replicas connect to ZooKeeper itself: no frame is counted")
+        return self.frames
+
     def close(self) -> None:
-        for system in ("ours", "kazoo"):
-            print(f"  ZooKeeper requests by type, {system}: {dict(self.frames.ops(system))}")
+        if self.proxies:
+            for system in ("ours", "kazoo"):
+                print(f"  ZooKeeper requests by type, {system}: {dict(self.frames.ops(system))}")
         with contextlib.suppress(Exception):
             self.server.resume()
         if self._kazoo is not None:
@@ -829,10 +844,10 @@ class OursOnZookeeper:
         )
 
     def store_requests(self, slot: str) -> float:
-        return self.store.frames.requests(f"ours-{slot}")
+        return self.store.through_proxies().requests(f"ours-{slot}")
 
     def last_write_before(self, moment: float) -> float | None:
-        return self.store.frames.last_write(self.path, moment)
+        return self.store.through_proxies().last_write(self.path, moment)
 
     def reset(self) -> None:
         """The lease, and the candidate records of replicas that are gone: the start → leader
@@ -891,13 +906,13 @@ class KazooOnZookeeper:
         return AnchorProcess.start("kazoo_election", name, args)
 
     def store_requests(self, slot: str) -> float:
-        return self.store.frames.requests(f"kazoo-{slot}")
+        return self.store.through_proxies().requests(f"kazoo-{slot}")
 
     def last_write_before(self, moment: float) -> float | None:
         """The lock holder's session's last frame (a ping or a request) before ``moment``:
         the server expires the session, and deletes the holder's znode, a session timeout
         after the last frame it received."""
-        return self.store.frames.holder_last_heard(self.election, moment)
+        return self.store.through_proxies().holder_last_heard(self.election, moment)
 
     def reset(self) -> None:
         """No contender left: a killed one's znode would stay until its session expires."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,30 @@ def test_the_lock_holder_is_the_lowest_live_znode(proxies: FrameProxies) -> None
         for client in (first, second):
             client.stop()
             client.close()
+
+
+def test_the_hand_off_benchmark_connects_past_the_proxies(tmp_path: Path) -> None:
+    """`benchmarks.handoffs` times a few milliseconds: its replicas reach ZooKeeper itself,
+    not through a harness thread per frame; `benchmarks.run`'s go through and are counted."""
+    from benchmarks.handoffs import STORES
+
+    store_class, _ = STORES["zookeeper"]
+    store = store_class(tmp_path)
+    try:
+        assert store.endpoint_for("ours-0") == store.server.endpoint
+        client = kazoo_client.KazooClient(hosts=store.endpoint_for("ours-0"), timeout=4.0)
+        client.start()
+        try:
+            client.get("/")
+        finally:
+            client.stop()
+            client.close()
+        assert store.frames.requests("ours-0") == 0
+        with pytest.raises(RuntimeError):
+            store.through_proxies()
+        store.proxies = True  # as `benchmarks.run` makes it
+        assert store.endpoint_for("ours-0") == store.frames.endpoint("ours-0")
+        assert store.endpoint_for("ours-0-start") == store.server.endpoint
+        assert store.through_proxies() is store.frames
+    finally:
+        store.close()
