@@ -5,8 +5,9 @@
 The trial is `measures.handoff`'s (SIGTERM of the leader of three once the pool is quiet, until
 the successor leads; the signalled replica replaced), on `benchmarks.handoffs`' stores. The
 sidecar must print the step stamps, one JSON line on stderr each, ``{"trace": STEP, "at":
-time.time(), ...}``: they are not in the sidecar (a temporary change for a profile run;
-docs/benchmarks.md, "Where a hand-off's time goes", lists where each is written). The steps:
+time.time(), ...}``: they are not in the sidecar, but in `benchmarks/handoff_stamps.patch`
+(``git apply benchmarks/handoff_stamps.patch`` before the run, ``git apply -R`` after; a
+profile's temporary change, never committed to the sidecar). The steps:
 
 - the leader's: ``signal`` (the handler), ``shutdown`` (`LeaseSet.shutdown` begins),
   ``candidates_read`` / ``candidates_read_done`` (the read before choosing, when it is done),
