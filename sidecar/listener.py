@@ -192,9 +192,7 @@ class Listener:
         self.name = name
         self.where = where
         self.limits = limits
-        self.runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=0.2, **handler_args(limits)
-        )
+        self.runner = self._runner(app)
         self.connections: dict[asyncio.BaseTransport, _Connection] = {}
         self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
@@ -205,7 +203,12 @@ class Listener:
         self._accepting: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
         self._accept_log = Throttle()
+
+    def _runner(self, app: web.Application) -> web.AppRunner:
         app.middlewares.append(self._mark_request_started)
+        return web.AppRunner(
+            app, access_log=None, shutdown_timeout=0.2, **handler_args(self.limits)
+        )
 
     def usage(self) -> dict[str, int]:
         """Counters for the SIGUSR1 state dump."""
@@ -239,6 +242,15 @@ class Listener:
             for sock in self.bound.sockets
         ]
         return self.address
+
+    async def serve(self, app: web.Application) -> None:
+        """Answer every new connection with ``app`` from now on; the connections of the app
+        served until now are closed once their request in progress is answered (the start-up
+        app of `sidecar.starting_api` answers at once and keeps no connection alive)."""
+        runner = self._runner(app)
+        await runner.setup()
+        before, self.runner = self.runner, runner
+        await before.cleanup()
 
     async def stop(self) -> None:
         tasks = [*self._accepting, *self._pending]

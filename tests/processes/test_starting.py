@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.sidecars import SidecarProcess
+from tests.support.sidecars import REPO, SidecarProcess
 
 
 @contextlib.contextmanager
@@ -53,5 +57,77 @@ def test_a_sidecar_whose_store_never_answers_says_starting_and_never_leads(store
                 assert status == 503
                 assert (body["starting"], body["leader"], body["holder"]) == (True, False, None)
             assert get(f"http://{sidecar.public}/readyz")[0] == 503  # not ready either
+        finally:
+            sidecar.stop()
+
+
+# Runs the sidecar with the import of redis-py held until the test writes to a FIFO.
+_HELD_IMPORT = """
+import importlib.abc, runpy, sys
+
+GATE = sys.argv[1]
+
+class HoldRedis(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "redis":
+            sys.meta_path.remove(self)
+            with open(GATE) as gate:  # blocks until the test opens it to write
+                gate.read()
+        return None
+
+sys.meta_path.insert(0, HoldRedis())
+sys.argv = ["leader-sidecar", *sys.argv[2:]]
+runpy.run_module("sidecar", run_name="__main__")
+"""
+
+
+def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Path) -> None:
+    """The store's driver is imported and its client built after the listeners answer:
+    while redis-py's import is held, ``/leader`` says starting on both listeners, ``/healthz``
+    and ``/metrics`` answer, and what needs the leases says to retry; once it is let go, the
+    sidecar goes on to its (silent) store and still says starting."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    with silent_server() as port:
+        command = [
+            sys.executable, "-c", _HELD_IMPORT, str(gate),
+            "--store", f"redis://127.0.0.1:{port}/0", "--lease", "app", "--identity", "a",
+            "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0",
+            "--log-format", "json", "--log-level", "debug",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEADER_SIDECAR_")}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        sidecar = SidecarProcess(proc, "a")
+        try:
+            local, public = (
+                sidecar.wait_log(
+                    lambda e, ln=ln: e.get("msg") == "listening" and e.get("listener") == ln
+                )["address"]
+                for ln in ("local", "public")
+            )
+            for url in (f"http://{local}/leader", f"http://{public}/leader/app"):
+                status, body = get(url)
+                assert status == 503
+                assert (body["starting"], body["leader"], body["holder"]) == (True, False, None)
+                assert (body["lease"], body["term"]) == ("app", 0)
+                assert str(body["identity"]).startswith("a_")
+            assert get(f"http://{public}/readyz")[0] == 503
+            assert get(f"http://{public}/healthz")[0] in (200, 503)  # as once the store is open
+            assert get(f"http://{local}/leases") == (
+                503,
+                {"error": "starting: the store is not open yet; retry later"},
+            )
+            with urllib.request.urlopen(f"http://{public}/metrics", timeout=5) as response:
+                assert 'leader_sidecar_is_leader{lease="app"' in response.read().decode()
+            assert not any(e.get("msg") == "starting" for e in sidecar.logs)  # still held
+            with open(gate, "w") as opened:
+                opened.write("go")
+            sidecar.wait_log(lambda e: e.get("msg") == "starting")
+            status, body = get(f"http://{local}/leader")
+            assert (status, body["starting"]) == (503, True)
         finally:
             sidecar.stop()

@@ -1,0 +1,134 @@
+"""What the listeners answer while the store is not open yet: they start before the store's
+driver is imported and its client built (redis-py's import alone is ~0.1 s of CPU), so that a
+sidecar answers as soon as any HTTP server could.
+
+``GET /leader`` (and ``/leader/{lease}``) answers what a lease the store has not answered
+about yet answers (503, ``"starting": true``, the same ETag); ``/healthz`` and ``/metrics`` as
+they do at work; ``/readyz`` 503. Everything else needs the leases: 503 with ``Retry-After``.
+Every answer closes its connection, so that the next request reaches the listener's app at
+work (`Listener.serve`) once the store is open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from sidecar.api import EVENT_STREAMS, HEALTH, LONG_POLLS, SCRUB, get_healthz, status_response
+from sidecar.limits import RETRY_AFTER_SECONDS, Limits, Slots
+from sidecar.status import LeaderStatus
+
+STATUSES: web.AppKey[dict[str, LeaderStatus]] = web.AppKey("statuses")
+NOT_OPEN = "starting: the store is not open yet; retry later"
+
+
+def starting_statuses(
+    identity: str, leases: Sequence[str], lease_duration: float, since: datetime
+) -> dict[str, LeaderStatus]:
+    """Each lease (by the name it is shown under) as `Elector.status` shows it before the
+    store has answered about it."""
+    return {
+        lease: LeaderStatus(
+            leader=False,
+            identity=identity,
+            holder=None,
+            term=0,
+            lease=lease,
+            lease_duration=lease_duration,
+            valid_for=0.0,
+            since=since,
+            starting=True,
+        )
+        for lease in leases
+    }
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def get_leader(request: web.Request) -> web.Response:
+    statuses = request.app[STATUSES]
+    if len(statuses) == 1:
+        return status_response(next(iter(statuses.values())))
+    example = next(iter(statuses))
+    return _error(
+        400,
+        f"this sidecar runs {len(statuses)} leases: ask GET /leader/{example} for one, or "
+        "GET /leases for all",
+    )
+
+
+async def get_named_leader(request: web.Request) -> web.Response:
+    status = request.app[STATUSES].get(request.match_info["lease"])
+    if status is None:
+        return _error(404, "no such lease here; GET /leases lists this sidecar's leases")
+    return status_response(status)
+
+
+async def get_readyz(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"ok": False, "error": "the store is not open yet", "last_error": None}, status=503
+    )
+
+
+async def not_open(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"error": NOT_OPEN},
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Cache-Control": "no-store"},
+    )
+
+
+@web.middleware
+async def _close_after(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """No connection outlives the start-up: the next request opens one to the app at work."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # a route this app lacks (404, 405)
+        response = exc
+    response.force_close()
+    return response
+
+
+def _app(statuses: dict[str, LeaderStatus], limits: Limits) -> web.Application:
+    app = web.Application(middlewares=[_close_after])
+    app[STATUSES] = statuses
+    # What the SIGUSR1 dump reads of every listener's app: nothing is held while starting.
+    app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)
+    app[EVENT_STREAMS] = Slots("event streams", limits.max_event_streams)
+    app.router.add_get("/leader", get_leader)
+    app.router.add_get("/leader/{lease:.+}", get_named_leader)
+    return app
+
+
+def create_starting_local_app(statuses: dict[str, LeaderStatus], limits: Limits) -> web.Application:
+    app = _app(statuses, limits)
+    for path in ("/", "/leases", "/events"):
+        app.router.add_get(path, not_open)
+    for path in ("/leader/release", "/leader/transfer"):
+        app.router.add_post(path, not_open)
+    return app
+
+
+def create_starting_public_app(
+    statuses: dict[str, LeaderStatus],
+    registry: CollectorRegistry,
+    health: Callable[[], dict[str, str]],
+    limits: Limits,
+    scrub: Callable[[str], str],
+) -> web.Application:
+    app = _app(statuses, limits)
+    app[HEALTH] = health
+    app[SCRUB] = scrub
+    app.router.add_get("/leases", not_open)
+    app.router.add_get("/healthz", get_healthz)
+    app.router.add_get("/readyz", get_readyz)
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    return app
