@@ -265,10 +265,14 @@ class Sidecar:
         if self._opened:
             self._log_starting()
             await self._listen(self._apps())
+            self._log_listening()
         else:
             await self._listen(self._starting_apps())
+            # Logged once the store is open: a setting only its client can check stops the
+            # sidecar with its one line, as one the configuration checks does.
             self.open()
             self._log_starting()
+            self._log_listening()
             for listener, app in zip(self.listeners, self._apps(), strict=True):
                 await self.api_thread.run(listener.serve(app))
         await self.leases.prime(self.config.timing.request_timeout)
@@ -345,13 +349,16 @@ class Sidecar:
                 ) from None
             except OSError as exc:  # a port in use: one line naming the flag (cli)
                 raise ListenFailed(flag, where, exc) from None
+
+    def _log_listening(self) -> None:
+        for listener in self.listeners:
             assert listener.bound is not None
             for address, reason in listener.bound.skipped:
                 log(
                     logger,
                     "warning",
                     "not listening on an address this host does not have",
-                    listener=name,
+                    listener=listener.name,
                     address=address,
                     error=reason,
                 )
@@ -359,8 +366,8 @@ class Sidecar:
                 logger,
                 "info",
                 "listening",
-                listener=name,
-                address=str(self.addresses[name]),
+                listener=listener.name,
+                address=str(self.addresses[listener.name]),
                 addresses=listener.bound.addresses(),
             )
 
@@ -374,7 +381,8 @@ class Sidecar:
         stopped (at most ``--drain-timeout``), so that no new leader starts beside it."""
         loop = asyncio.get_running_loop()
         election = self._election
-        log(logger, "info", "stopping", lease=self.config.lease_ref)
+        if self._opened:  # (else nothing started: the listeners close without a word)
+            log(logger, "info", "stopping", lease=self.config.lease_ref)
         drained = await self._drain(election)
         deadline = loop.time() + SHUTDOWN_BUDGET
         released = await self._release(election, deadline) if self._opened else False
@@ -410,7 +418,8 @@ class Sidecar:
         if drained and self.app_metrics is not None:
             for _ in range(drained):
                 self.app_metrics.handover("drain")
-        log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)
+        if self._opened:
+            log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)
 
     async def _release(self, election: asyncio.Task[None] | None, deadline: float) -> bool:
         """The first steps of `stop`: no new step, then every lease held released."""

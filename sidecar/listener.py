@@ -193,6 +193,7 @@ class Listener:
         self.where = where
         self.limits = limits
         self.runner = self._runner(app)
+        self._retired: list[web.AppRunner] = []  # the apps served before (`serve`)
         self.connections: dict[asyncio.BaseTransport, _Connection] = {}
         self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
@@ -244,13 +245,14 @@ class Listener:
         return self.address
 
     async def serve(self, app: web.Application) -> None:
-        """Answer every new connection with ``app`` from now on; the connections of the app
-        served until now are closed once their request in progress is answered (the start-up
-        app of `sidecar.starting_api` answers at once and keeps no connection alive)."""
+        """Answer every new connection with ``app`` from now on. A connection accepted before
+        is left to the app it was given to, to be answered (the start-up app of
+        `sidecar.starting_api` closes each after its answer): closing it now could drop a
+        request on its way. That app's runner is cleaned up with the listener."""
         runner = self._runner(app)
         await runner.setup()
-        before, self.runner = self.runner, runner
-        await before.cleanup()
+        self._retired.append(self.runner)
+        self.runner = runner
 
     async def stop(self) -> None:
         tasks = [*self._accepting, *self._pending]
@@ -260,6 +262,8 @@ class Listener:
         if self.bound is not None:
             self.bound.close()
         await self.runner.cleanup()
+        for runner in self._retired:
+            await runner.cleanup()
 
     @web.middleware
     async def _mark_request_started(

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_ports
 from tests.support.sidecars import REPO, SidecarProcess
 
 
@@ -81,6 +83,19 @@ runpy.run_module("sidecar", run_name="__main__")
 """
 
 
+def wait_answering(url: str, proc: subprocess.Popen[str], timeout: float = 15.0) -> None:
+    """Until ``url`` answers at all (any status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            get(url)
+            return
+        except OSError:
+            assert proc.poll() is None, "the sidecar exited"
+            assert time.monotonic() < deadline, f"{url} never answered"
+            time.sleep(0.01)
+
+
 def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Path) -> None:
     """The store's driver is imported and its client built after the listeners answer:
     while redis-py's import is held, ``/leader`` says starting on both listeners, ``/healthz``
@@ -88,11 +103,13 @@ def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Pat
     sidecar goes on to its (silent) store and still says starting."""
     gate = tmp_path / "gate"
     os.mkfifo(gate)
+    # The "listening" lines are logged once the store is open: the ports are chosen here.
+    local, public = (f"127.0.0.1:{port}" for port in free_ports(2))
     with silent_server() as port:
         command = [
             sys.executable, "-c", _HELD_IMPORT, str(gate),
             "--store", f"redis://127.0.0.1:{port}/0", "--lease", "app", "--identity", "a",
-            "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0",
+            "--listen", local, "--public-listen", public,
             "--log-format", "json", "--log-level", "debug",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEADER_SIDECAR_")}
@@ -103,12 +120,7 @@ def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Pat
         )  # fmt: skip
         sidecar = SidecarProcess(proc, "a")
         try:
-            local, public = (
-                sidecar.wait_log(
-                    lambda e, ln=ln: e.get("msg") == "listening" and e.get("listener") == ln
-                )["address"]
-                for ln in ("local", "public")
-            )
+            wait_answering(f"http://{public}/healthz", proc)
             for url in (f"http://{local}/leader", f"http://{public}/leader/app"):
                 status, body = get(url)
                 assert status == 503
@@ -123,10 +135,10 @@ def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Pat
             )
             with urllib.request.urlopen(f"http://{public}/metrics", timeout=5) as response:
                 assert 'leader_sidecar_is_leader{lease="app"' in response.read().decode()
-            assert not any(e.get("msg") == "starting" for e in sidecar.logs)  # still held
+            assert not any(e.get("msg") in ("starting", "listening") for e in sidecar.logs)
             with open(gate, "w") as opened:
                 opened.write("go")
-            sidecar.wait_log(lambda e: e.get("msg") == "starting")
+            sidecar.wait_log(lambda e: e.get("msg") == "listening")
             status, body = get(f"http://{local}/leader")
             assert (status, body["starting"]) == (503, True)
         finally:

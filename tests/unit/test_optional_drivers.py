@@ -6,6 +6,7 @@ it. Real processes, with the driver made unimportable as if not installed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_a_postgresql_driver_installed_but_broken_stops_the_sidecar_in_the_same_
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
     result = subprocess.run(
         [sys.executable, "-m", "sidecar", "--store", POSTGRESQL,
-         "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0", "--log-level", "error"],
+         "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0"],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=30, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
@@ -122,12 +123,13 @@ def test_an_exec_plugin_kubeconfig_without_the_official_client_stops_at_start(
         "command: /bin/true, interactiveMode: Never}}}]\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
     )
-    for command in ([], ["status"]):
+    # With a namespace given the kubeconfig is read once the listeners answer: the same line.
+    for command, namespace in itertools.product(([], ["status"]), ([], ["--namespace", "n"])):
         result = without(
             "kubernetes",
             *command,
             "--store", "kubernetes", "--lease", "x", "--kubeconfig", str(config),
-            "--request-timeout", "1s",
+            "--request-timeout", "1s", *namespace,
         )  # fmt: skip
         assert result.returncode == 2, result.stderr
         lines = result.stderr.splitlines()
