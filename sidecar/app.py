@@ -34,6 +34,7 @@ from sidecar.starting_api import (
     create_starting_local_app,
     create_starting_public_app,
     starting_statuses,
+    store_open,
 )
 from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
@@ -274,7 +275,9 @@ class Sidecar:
             self._log_starting()
             self._log_listening()
             for listener, app in zip(self.listeners, self._apps(), strict=True):
+                starting = listener.runner.app
                 await self.api_thread.run(listener.serve(app))
+                await self.api_thread.run(store_open(starting))
         await self.leases.prime(self.config.timing.request_timeout)
         self._election = asyncio.create_task(self.leases.run(), name="election")
         self._supervise("demotion-actions", self.actions.run)

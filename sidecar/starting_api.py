@@ -3,7 +3,8 @@ driver is imported and its client built (redis-py's import alone is ~0.1 s of CP
 sidecar answers as soon as any HTTP server could.
 
 ``GET /leader`` (and ``/leader/{lease}``) answers what a lease the store has not answered
-about yet answers (503, ``"starting": true``, the same ETag); ``/healthz`` and ``/metrics`` as
+about yet answers (503, ``"starting": true``, the same ETag; a long-poll on that ETag is held
+until the store is open); ``/healthz`` and ``/metrics`` as
 they do at work; ``/readyz`` 503. Everything else needs the leases: 503 with ``Retry-After``.
 Every answer closes its connection, so that the next request reaches the listener's app at
 work (`Listener.serve`) once the store is open.
@@ -11,6 +12,8 @@ work (`Listener.serve`) once the store is open.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
@@ -18,11 +21,22 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from sidecar.api import EVENT_STREAMS, HEALTH, LONG_POLLS, SCRUB, get_healthz, status_response
+from sidecar.api import (
+    EVENT_STREAMS,
+    HEALTH,
+    LONG_POLLS,
+    MAX_WAIT,
+    SCRUB,
+    get_healthz,
+    parse_wait,
+    status_response,
+)
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.status import LeaderStatus
 
 STATUSES: web.AppKey[dict[str, LeaderStatus]] = web.AppKey("statuses")
+OPEN = web.AppKey("open", asyncio.Event)
+"""Set when the store is open and the listener serves the app at work (`store_open`)."""
 NOT_OPEN = "starting: the store is not open yet; retry later"
 
 
@@ -51,10 +65,30 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+async def store_open(app: web.Application) -> None:
+    """On the listeners' loop, once the listener serves the app at work: the long-polls held
+    here are answered (and closed: the next one reaches the app at work)."""
+    app[OPEN].set()
+
+
+async def _answer(request: web.Request, status: LeaderStatus) -> web.Response:
+    """A long-poll on the ETag of this answer is held until the store is open or its wait has
+    passed (a wait it cannot parse, or past the limit: answered at once)."""
+    wait_text, etag = request.query.get("wait"), request.headers.get("If-None-Match")
+    if wait_text is not None and etag is not None and etag.strip() == status.etag:
+        slots = request.app[LONG_POLLS]
+        with slots.take(request.remote) as granted, contextlib.suppress(ValueError, TimeoutError):
+            if granted:
+                wait = min(parse_wait(wait_text or "0"), MAX_WAIT)
+                async with asyncio.timeout(wait):
+                    await request.app[OPEN].wait()
+    return status_response(status)
+
+
 async def get_leader(request: web.Request) -> web.Response:
     statuses = request.app[STATUSES]
     if len(statuses) == 1:
-        return status_response(next(iter(statuses.values())))
+        return await _answer(request, next(iter(statuses.values())))
     example = next(iter(statuses))
     return _error(
         400,
@@ -67,7 +101,7 @@ async def get_named_leader(request: web.Request) -> web.Response:
     status = request.app[STATUSES].get(request.match_info["lease"])
     if status is None:
         return _error(404, "no such lease here; GET /leases lists this sidecar's leases")
-    return status_response(status)
+    return await _answer(request, status)
 
 
 async def get_readyz(request: web.Request) -> web.Response:
@@ -100,7 +134,8 @@ async def _close_after(
 def _app(statuses: dict[str, LeaderStatus], limits: Limits) -> web.Application:
     app = web.Application(middlewares=[_close_after])
     app[STATUSES] = statuses
-    # What the SIGUSR1 dump reads of every listener's app: nothing is held while starting.
+    app[OPEN] = asyncio.Event()
+    # The long-polls held until the store is open; the SIGUSR1 dump reads both.
     app[LONG_POLLS] = Slots("long-polls", limits.max_long_polls)
     app[EVENT_STREAMS] = Slots("event streams", limits.max_event_streams)
     app.router.add_get("/leader", get_leader)

@@ -4,6 +4,7 @@ answering so; it never claims. One process per network store."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -83,6 +84,15 @@ runpy.run_module("sidecar", run_name="__main__")
 """
 
 
+def long_poll(url: str, etag: str) -> tuple[int, dict[str, str], dict[str, object]]:
+    request = urllib.request.Request(url, headers={"If-None-Match": etag})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), json.loads(error.read())
+
+
 def wait_answering(url: str, proc: subprocess.Popen[str], timeout: float = 15.0) -> None:
     """Until ``url`` answers at all (any status)."""
     deadline = time.monotonic() + timeout
@@ -128,17 +138,26 @@ def test_the_listeners_answer_before_the_stores_driver_is_imported(tmp_path: Pat
                 assert (body["lease"], body["term"]) == ("app", 0)
                 assert str(body["identity"]).startswith("a_")
             assert get(f"http://{public}/readyz")[0] == 503
-            assert get(f"http://{public}/healthz")[0] in (200, 503)  # as once the store is open
+            # As until the election task runs (the store's first answer, or a request timeout).
+            status, body = get(f"http://{public}/healthz")
+            assert (status, body["error"]) == (503, "down: election")
             assert get(f"http://{local}/leases") == (
                 503,
                 {"error": "starting: the store is not open yet; retry later"},
             )
             with urllib.request.urlopen(f"http://{public}/metrics", timeout=5) as response:
                 assert 'leader_sidecar_is_leader{lease="app"' in response.read().decode()
-            assert not any(e.get("msg") in ("starting", "listening") for e in sidecar.logs)
-            with open(gate, "w") as opened:
-                opened.write("go")
-            sidecar.wait_log(lambda e: e.get("msg") == "listening")
+            etag = long_poll(f"http://{local}/leader?wait=60", '"another"')[1]["ETag"]
+            # A long-poll on the starting answer's ETag is held until the store is open.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(long_poll, f"http://{local}/leader?wait=60", etag)
+                assert not any(e.get("msg") in ("starting", "listening") for e in sidecar.logs)
+                assert not held.done()
+                with open(gate, "w") as opened:
+                    opened.write("go")
+                sidecar.wait_log(lambda e: e.get("msg") == "listening")
+                status, headers, body = held.result(timeout=10)
+            assert (status, headers["ETag"], body["starting"]) == (503, etag, True)
             status, body = get(f"http://{local}/leader")
             assert (status, body["starting"]) == (503, True)
         finally:
