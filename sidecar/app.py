@@ -269,15 +269,15 @@ class Sidecar:
             self._log_listening()
         else:
             await self._listen(self._starting_apps())
-            # Logged once the store is open: a setting only its client can check stops the
-            # sidecar with its one line, as one the configuration checks does.
             self.open()
-            self._log_starting()
-            self._log_listening()
             for listener, app in zip(self.listeners, self._apps(), strict=True):
                 starting = listener.runner.app
                 await self.api_thread.run(listener.serve(app))
                 await self.api_thread.run(store_open(starting))
+            # Logged once the API at work answers: a setting only the store's client checks
+            # stops the sidecar with its one line, as one the configuration checks does.
+            self._log_starting()
+            self._log_listening()
         await self.leases.prime(self.config.timing.request_timeout)
         self._election = asyncio.create_task(self.leases.run(), name="election")
         self._supervise("demotion-actions", self.actions.run)
