@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
-from sidecar.app_check import CHECK_OUTCOMES, AppCheck
+from sidecar.app_check import CHECK_OUTCOMES, AppCheck, Heartbeat
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
@@ -312,11 +312,17 @@ class Sidecar:
             self._started_at,
         )
         return (
-            create_starting_local_app(statuses, config.limits),
+            create_starting_local_app(statuses, config.limits, self._heartbeat()),
             create_starting_public_app(
                 statuses, self.registry, self.health, config.limits, self.scrub
             ),
         )
+
+    def _heartbeat(self) -> Heartbeat | None:
+        """What every call of the app to the localhost API stamps (``--app-heartbeat``)."""
+        if self.app_check is None or self.config.app.heartbeat is None:
+            return None
+        return self.app_check.heartbeat
 
     def _apps(self) -> tuple[web.Application, web.Application]:
         limits = self.config.limits
@@ -325,9 +331,7 @@ class Sidecar:
             limits,
             self.scrub,
             self.supervisor,
-            heartbeat=self.app_check.heartbeat
-            if self.app_check is not None and self.config.app.heartbeat is not None
-            else None,
+            heartbeat=self._heartbeat(),
             pod_name=self.config.pod_name,
         )
         public = create_public_app(

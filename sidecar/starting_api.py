@@ -24,13 +24,16 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from sidecar.api import (
     EVENT_STREAMS,
     HEALTH,
+    HEARTBEAT,
     LONG_POLLS,
     MAX_WAIT,
     SCRUB,
+    count_heartbeat,
     get_healthz,
     parse_wait,
     status_response,
 )
+from sidecar.app_check import Heartbeat
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.status import LeaderStatus
 
@@ -143,8 +146,14 @@ def _app(statuses: dict[str, LeaderStatus], limits: Limits) -> web.Application:
     return app
 
 
-def create_starting_local_app(statuses: dict[str, LeaderStatus], limits: Limits) -> web.Application:
+def create_starting_local_app(
+    statuses: dict[str, LeaderStatus], limits: Limits, heartbeat: Heartbeat | None = None
+) -> web.Application:
+    """``heartbeat``: the app's calls count from the first (``--app-heartbeat``)."""
     app = _app(statuses, limits)
+    if heartbeat is not None:
+        app[HEARTBEAT] = heartbeat
+        app.middlewares.append(count_heartbeat)
     for path in ("/", "/leases", "/events"):
         app.router.add_get(path, not_open)
     for path in ("/leader/release", "/leader/transfer"):
