@@ -1,7 +1,8 @@
 """Where a sidecar's start-up CPU goes, phase by phase, up to its first grant: the CPU time
 (``time.process_time``, every thread) at each step of one start, medians of several starts in
 fresh interpreters. The first three phases are what the bare app of `benchmarks.start_floor`
-imports too; the rest is ours.
+imports too; the rest is ours. The listeners answer from ``listeners started``: the store's
+client is built after it.
 
     python -m benchmarks.start_phases --store sqlite:////tmp/x.db [--starts 7] [-- FLAGS…]
 
@@ -45,11 +46,17 @@ build = app.Sidecar.__init__
 def init(self, *args, **kwargs):
     mark("configuration read")
     build(self, *args, **kwargs)
-    mark("Sidecar(): store client, electors")
+    mark("Sidecar(): metrics, app check")
 app.Sidecar.__init__ = init
+open_store = app.Sidecar.open
+def opened(self):
+    mark("listeners started (first answer)")
+    open_store(self)
+    mark("store client, electors")
+app.Sidecar.open = opened
 prime = lease_set.LeaseSet.prime
 async def primed(self, timeout):
-    mark("listeners started")
+    mark("listeners serve the leases")
     def led(transition):
         if transition.role is Role.LEADER:
             mark("first grant")

@@ -375,7 +375,7 @@ async def get_root(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def _heartbeat(
+async def count_heartbeat(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every call of the app to the localhost API is its heartbeat (``--app-heartbeat``); a
@@ -476,7 +476,7 @@ def create_local_app(
     app = _base_app(elector, limits, scrub, supervisor)
     if heartbeat is not None:
         app[HEARTBEAT] = heartbeat
-        app.middlewares.append(_heartbeat)
+        app.middlewares.append(count_heartbeat)
     app[POD_NAME] = pod_name or ""
     app.router.add_get("/", get_root)
     app.router.add_get("/leader", get_leader)

@@ -10,11 +10,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
-from sidecar.app_check import CHECK_OUTCOMES, AppCheck
+from sidecar.app_check import CHECK_OUTCOMES, AppCheck, Heartbeat
 from sidecar.backends import open_client
 from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
@@ -27,8 +28,14 @@ from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
-from sidecar.metrics import AppMetrics, for_config
+from sidecar.metrics import AppMetrics, Metrics, for_config
 from sidecar.options import HostPort
+from sidecar.starting_api import (
+    create_starting_local_app,
+    create_starting_public_app,
+    starting_statuses,
+    store_open,
+)
 from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
 
@@ -57,11 +64,55 @@ class Sidecar:
         # Every background task, the listeners' change feeds included: restarted when it
         # fails, and named by /healthz while it waits to be.
         self.supervisor = Supervisor(self.registry)
-        timing = config.timing
-
-        metrics = for_config(config, self.registry)
-
+        # Every lease's series exist from the first scrape, before the store is open.
+        self._metrics_of = for_config(config, self.registry)
+        shown = [config.lease_ref] if store is not None else map(config.ref, config.lease_names)
+        self._metrics = {lease: self._metrics_of(lease) for lease in shown}
+        self._clock = clock
+        self._started_at = clock.wall()  # `since` of a lease while the store is not open
         self.client: StoreClient | None = None
+        self.listeners: list[Listener] = []
+        self.api_thread: ApiThread | None = None  # the listeners' thread (see api_thread)
+        self._election: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.addresses: dict[str, HostPort] = {}
+        # Leadership follows the app (`sidecar.app_check`), when a check is configured.
+        self.app_check: AppCheck | None = None
+        self.app_metrics: AppMetrics | None = None
+        self._app_alone_listener: Callable[[str, str | None], Awaitable[None]] | None = None
+        if config.app.configured:
+            self.app_metrics = AppMetrics(
+                self.registry,
+                lambda: self.app_check is not None and self.app_check.up,
+                lambda: self.leases.app_down_alone_seconds if self._opened else 0.0,
+                CHECK_OUTCOMES,
+                config.ref(config.candidate_group),
+            )
+            self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
+        self.actions = ActionRunner([])
+        self._opened = False
+        if store is not None or client is not None:
+            self._open(store, client)
+
+    @property
+    def opened(self) -> bool:
+        """The store's client is built and every lease's elector made (`open`)."""
+        return self._opened
+
+    def open(self) -> None:
+        """Build the store's client (importing its driver) and every lease's elector; `start`
+        does it once the listeners answer. Raises `ConfigError` for what only the client can
+        check (a TLS file that does not load, a driver that does not import)."""
+        if not self._opened:
+            self._open(None, open_client(self.config, self.supervisor))
+
+    def _open(self, store: LeaseStore | None, client: StoreClient | None) -> None:
+        config, timing, clock = self.config, self.config.timing, self._clock
+        made, make = self._metrics, self._metrics_of
+
+        def metrics(shown: str) -> Metrics:
+            return made.pop(shown, None) or make(shown)
+
         if store is not None:  # one lease over a store the caller opened (tests, embedding)
             elector = Elector(
                 store,
@@ -76,9 +127,10 @@ class Sidecar:
                 {elector.lease: elector}, clock=clock, supervisor=self.supervisor
             )
         else:
-            self.client = client or open_client(config, self.supervisor)
+            assert client is not None
+            self.client = client
             self.leases = LeaseSet.open(
-                self.client,
+                client,
                 [(name, config.ref(name)) for name in config.lease_names],
                 timing,
                 config.identity,
@@ -91,20 +143,7 @@ class Sidecar:
                 supervisor=self.supervisor,
             )
         store_actions = self._store_actions()
-        # Leadership follows the app (`sidecar.app_check`), when a check is configured.
-        self.app_check: AppCheck | None = None
-        self.app_metrics: AppMetrics | None = None
-        self._app_alone_listener: Callable[[str, str | None], Awaitable[None]] | None = None
-        if config.app.configured:
-            leases = self.leases
-            self.app_metrics = AppMetrics(
-                self.registry,
-                lambda: self.app_check is not None and self.app_check.up,
-                lambda: leases.app_down_alone_seconds,
-                CHECK_OUTCOMES,
-                config.ref(config.candidate_group),
-            )
-            self.app_check = AppCheck(config.app, clock=clock, count=self.app_metrics.check)
+        if self.app_check is not None and self.app_metrics is not None:
             self.leases.use_app(self.app_check, self.app_metrics.handover)
             self._app_alone_listener = store_actions.on_app_alone
             if self._app_alone_listener is not None:
@@ -119,11 +158,7 @@ class Sidecar:
             elector.on_transition(submit)
             if self._gap_listener is not None:
                 elector.on_gap_alert(on_gap_alert)
-        self.listeners: list[Listener] = []
-        self.api_thread: ApiThread | None = None  # the listeners' thread (see api_thread)
-        self._election: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self.addresses: dict[str, HostPort] = {}
+        self._opened = True
 
     def _store_actions(self) -> StoreActions:
         """What only the chosen store can do around a transition (on Kubernetes: relabel pods
@@ -182,6 +217,12 @@ class Sidecar:
     def state(self) -> dict[str, Any]:
         """What SIGUSR1 logs: leadership as ``GET /leader`` answers it, and per listener how
         much of each limit is in use and how much was refused."""
+        if not self._opened:
+            return {
+                "identity": self.config.identity,
+                "starting": True,
+                "listeners": {listener.name: listener.usage() for listener in self.listeners},
+            }
         if len(self.leases.electors) > 1:
             leadership: dict[str, Any] = {
                 "identity": self.leases.identity,
@@ -208,6 +249,44 @@ class Sidecar:
         return down
 
     async def start(self) -> None:
+        """Listen, then open the store (unless the caller opened it): the listeners answer
+        while the store's driver is imported and its client built, then the election starts."""
+        limits = self.config.limits
+        shortfall = open_files_shortfall(limits)
+        if shortfall is not None:
+            log(
+                logger,
+                "warning",
+                "the open-file limit is below what the connection limits allow; "
+                "lower --max-connections or raise the limit (ulimit -n)",
+                max_connections=limits.max_connections,
+                missing_files=shortfall,
+            )
+        self.api_thread = ApiThread()
+        if self._opened:
+            self._log_starting()
+            await self._listen(self._apps())
+            self._log_listening()
+        else:
+            await self._listen(self._starting_apps())
+            self.open()
+            for listener, app in zip(self.listeners, self._apps(), strict=True):
+                starting = listener.runner.app
+                await self.api_thread.run(listener.serve(app))
+                await self.api_thread.run(store_open(starting))
+            # Logged once the API at work answers: a setting only the store's client checks
+            # stops the sidecar with its one line, as one the configuration checks does.
+            self._log_starting()
+            self._log_listening()
+        await self.leases.prime(self.config.timing.request_timeout)
+        self._election = asyncio.create_task(self.leases.run(), name="election")
+        self._supervise("demotion-actions", self.actions.run)
+        # Everything start-up made (the imported modules are most of it) moves out of the
+        # collector's reach: a full collection then walks only what was made since. Walking it
+        # all took 20-50 ms, which landed on hand-offs and renewals (docs/benchmarks.md).
+        gc.freeze()
+
+    def _log_starting(self) -> None:
         log(
             logger,
             "info",
@@ -222,34 +301,50 @@ class Sidecar:
             retry_period=self.config.timing.retry_period,
             request_timeout=self.config.timing.request_timeout,
         )
+
+    def _starting_apps(self) -> tuple[web.Application, web.Application]:
+        """The listeners' apps until the store is open (`sidecar.starting_api`)."""
+        config = self.config
+        statuses = starting_statuses(
+            config.identity,
+            [config.ref(name) for name in config.lease_names],
+            config.timing.lease_duration,
+            self._started_at,
+        )
+        return (
+            create_starting_local_app(statuses, config.limits, self._heartbeat()),
+            create_starting_public_app(
+                statuses, self.registry, self.health, config.limits, self.scrub
+            ),
+        )
+
+    def _heartbeat(self) -> Heartbeat | None:
+        """What every call of the app to the localhost API stamps (``--app-heartbeat``)."""
+        if self.app_check is None or self.config.app.heartbeat is None:
+            return None
+        return self.app_check.heartbeat
+
+    def _apps(self) -> tuple[web.Application, web.Application]:
         limits = self.config.limits
-        shortfall = open_files_shortfall(limits)
-        if shortfall is not None:
-            log(
-                logger,
-                "warning",
-                "the open-file limit is below what the connection limits allow; "
-                "lower --max-connections or raise the limit (ulimit -n)",
-                max_connections=limits.max_connections,
-                missing_files=shortfall,
-            )
         local = create_local_app(
             self.leases,
             limits,
             self.scrub,
             self.supervisor,
-            heartbeat=self.app_check.heartbeat
-            if self.app_check is not None and self.config.app.heartbeat is not None
-            else None,
+            heartbeat=self._heartbeat(),
             pod_name=self.config.pod_name,
         )
         public = create_public_app(
             self.leases, self.registry, self.health, limits, self.scrub, self.supervisor
         )
-        self.api_thread = ApiThread()
+        return local, public
+
+    async def _listen(self, apps: tuple[web.Application, web.Application]) -> None:
+        assert self.api_thread is not None
+        limits = self.config.limits
         for name, flag, app, where in (
-            ("local", "--listen", local, self.config.listen),
-            ("public", "--public-listen", public, self.config.public_listen),
+            ("local", "--listen", apps[0], self.config.listen),
+            ("public", "--public-listen", apps[1], self.config.public_listen),
         ):
             listener = Listener(name, app, where, limits)
             self.listeners.append(listener)
@@ -261,13 +356,16 @@ class Sidecar:
                 ) from None
             except OSError as exc:  # a port in use: one line naming the flag (cli)
                 raise ListenFailed(flag, where, exc) from None
+
+    def _log_listening(self) -> None:
+        for listener in self.listeners:
             assert listener.bound is not None
             for address, reason in listener.bound.skipped:
                 log(
                     logger,
                     "warning",
                     "not listening on an address this host does not have",
-                    listener=name,
+                    listener=listener.name,
                     address=address,
                     error=reason,
                 )
@@ -275,17 +373,10 @@ class Sidecar:
                 logger,
                 "info",
                 "listening",
-                listener=name,
-                address=str(self.addresses[name]),
+                listener=listener.name,
+                address=str(self.addresses[listener.name]),
                 addresses=listener.bound.addresses(),
             )
-        await self.leases.prime(self.config.timing.request_timeout)
-        self._election = asyncio.create_task(self.leases.run(), name="election")
-        self._supervise("demotion-actions", self.actions.run)
-        # Everything start-up made (the imported modules are most of it) moves out of the
-        # collector's reach: a full collection then walks only what was made since. Walking it
-        # all took 20-50 ms, which landed on hand-offs and renewals (docs/benchmarks.md).
-        gc.freeze()
 
     async def wait(self) -> None:
         assert self._election is not None
@@ -297,20 +388,11 @@ class Sidecar:
         stopped (at most ``--drain-timeout``), so that no new leader starts beside it."""
         loop = asyncio.get_running_loop()
         election = self._election
-        log(logger, "info", "stopping", lease=self.config.lease_ref)
+        if self._opened:  # (else nothing started: the listeners close without a word)
+            log(logger, "info", "stopping", lease=self.config.lease_ref)
         drained = await self._drain(election)
         deadline = loop.time() + SHUTDOWN_BUDGET
-        self.leases.stop()  # no new step starts; a step in flight finishes first (its lock)
-        if election is not None and election.done() and not election.cancelled():
-            crashed = election.exception()
-            if crashed:
-                log(logger, "error", "the election task failed", error=repr(crashed))
-        # Hand over first: the successor waits for exactly this, and cancelling the election
-        # tasks first (their watches, the candidates' beat) cost the hand-off milliseconds.
-        released = await self.leases.shutdown(
-            "shutdown",
-            max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
-        )
+        released = await self._release(election, deadline) if self._opened else False
         if election is not None:
             # Cancel until it is done, within a bounded time: a cancel that lands as a store
             # request's own timeout is swallowed once, and `stop()` above ends the loop anyway.
@@ -335,7 +417,7 @@ class Sidecar:
                     )
         if self.api_thread is not None:
             self.api_thread.close()
-        for elector in self.leases.electors.values():
+        for elector in self.leases.electors.values() if self._opened else ():
             with contextlib.suppress(Exception):
                 await elector.store.close()
         if self.client is not None:
@@ -343,7 +425,23 @@ class Sidecar:
         if drained and self.app_metrics is not None:
             for _ in range(drained):
                 self.app_metrics.handover("drain")
-        log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)
+        if self._opened:
+            log(logger, "info", "stopped", lease=self.config.lease_ref, released=released)
+
+    async def _release(self, election: asyncio.Task[None] | None, deadline: float) -> bool:
+        """The first steps of `stop`: no new step, then every lease held released."""
+        loop = asyncio.get_running_loop()
+        self.leases.stop()  # no new step starts; a step in flight finishes first (its lock)
+        if election is not None and election.done() and not election.cancelled():
+            crashed = election.exception()
+            if crashed:
+                log(logger, "error", "the election task failed", error=repr(crashed))
+        # Hand over first: the successor waits for exactly this, and cancelling the election
+        # tasks first (their watches, the candidates' beat) cost the hand-off milliseconds.
+        return await self.leases.shutdown(
+            "shutdown",
+            max(0.1, min(self.config.timing.request_timeout, deadline - loop.time() - 0.4)),
+        )
 
     async def _drain(self, election: asyncio.Task[None] | None) -> int:
         """The drain of `stop`: how many leases were held when it ended (0: no drain)."""

@@ -284,6 +284,9 @@ def status_main(argv: Sequence[str]) -> int:
         return 2
     try:
         status = asyncio.run(gather_status(config))
+    except ConfigError as exc:  # what only the store's client checks (a kubeconfig)
+        print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
+        return 2
     except NoStore as exc:
         print(f"leader-sidecar status: {terminal_text(exc)}", file=sys.stderr)
         return 1
@@ -391,6 +394,9 @@ def hold_main(argv: Sequence[str]) -> int:
         held = asyncio.run(
             _each_lease(config, lambda store, t: hold(store, who, parsed["reason"], duration, t))
         )
+    except ConfigError as exc:
+        print(f"leader-sidecar hold: {terminal_text(exc)}", file=sys.stderr)
+        return 2
     except (StoreError, TimeoutError, OSError, HoldRefused) as exc:
         print(f"leader-sidecar hold: {terminal_text(exc)}", file=sys.stderr)
         return 1
@@ -409,6 +415,9 @@ def resume_main(argv: Sequence[str]) -> int:
         return 2
     try:
         resumed = asyncio.run(_each_lease(config, resume))
+    except ConfigError as exc:
+        print(f"leader-sidecar resume: {terminal_text(exc)}", file=sys.stderr)
+        return 2
     except (StoreError, TimeoutError, OSError, HoldRefused) as exc:
         print(f"leader-sidecar resume: {terminal_text(exc)}", file=sys.stderr)
         return 1

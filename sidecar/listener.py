@@ -192,9 +192,8 @@ class Listener:
         self.name = name
         self.where = where
         self.limits = limits
-        self.runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=0.2, **handler_args(limits)
-        )
+        self.runner = self._runner(app)
+        self._retired: list[web.AppRunner] = []  # the apps served before (`serve`)
         self.connections: dict[asyncio.BaseTransport, _Connection] = {}
         self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
@@ -205,7 +204,12 @@ class Listener:
         self._accepting: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[Any]] = set()
         self._accept_log = Throttle()
+
+    def _runner(self, app: web.Application) -> web.AppRunner:
         app.middlewares.append(self._mark_request_started)
+        return web.AppRunner(
+            app, access_log=None, shutdown_timeout=0.2, **handler_args(self.limits)
+        )
 
     def usage(self) -> dict[str, int]:
         """Counters for the SIGUSR1 state dump."""
@@ -240,6 +244,16 @@ class Listener:
         ]
         return self.address
 
+    async def serve(self, app: web.Application) -> None:
+        """Answer every new connection with ``app`` from now on. A connection accepted before
+        is left to the app it was given to, to be answered (the start-up app of
+        `sidecar.starting_api` closes each after its answer): closing it now could drop a
+        request on its way. That app's runner is cleaned up with the listener."""
+        runner = self._runner(app)
+        await runner.setup()
+        self._retired.append(self.runner)
+        self.runner = runner
+
     async def stop(self) -> None:
         tasks = [*self._accepting, *self._pending]
         for task in tasks:
@@ -248,6 +262,8 @@ class Listener:
         if self.bound is not None:
             self.bound.close()
         await self.runner.cleanup()
+        for runner in self._retired:
+            await runner.cleanup()
 
     @web.middleware
     async def _mark_request_started(

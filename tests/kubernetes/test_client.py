@@ -398,7 +398,7 @@ async def test_the_sidecar_on_kubernetes_never_imports_the_official_client(
         from sidecar.backends.kubernetes import open_kubernetes_client
         config = load(["--store", "kubernetes", "--kubeconfig", {str(kubeconfig)!r},
                        "--namespace", "{NAMESPACE}", "--lease", "{LEASE}"], environ={{}})
-        Sidecar(config)
+        Sidecar(config).open()
         async def main():
             client = open_kubernetes_client(config)
             store = client.lease("{LEASE}")

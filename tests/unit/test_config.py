@@ -170,7 +170,7 @@ def test_the_embedded_store_imports_no_redis_or_kubernetes_client() -> None:
         "import sys\n"
         "from sidecar.config import load\n"
         "from sidecar.app import Sidecar\n"
-        "Sidecar(load(['--store', 'sqlite:////tmp/imports.db'], environ={}))\n"
+        "Sidecar(load(['--store', 'sqlite:////tmp/imports.db'], environ={})).open()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('redis', 'kubernetes')))\n"
     )
     result = subprocess.run(

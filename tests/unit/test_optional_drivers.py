@@ -6,6 +6,7 @@ it. Real processes, with the driver made unimportable as if not installed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -76,6 +77,27 @@ def test_the_postgresql_store_without_asyncpg_names_the_extra_in_one_line(
     assert "Traceback" not in result.stderr
 
 
+def test_a_postgresql_driver_installed_but_broken_stops_the_sidecar_in_the_same_line(
+    tmp_path: Path,
+) -> None:
+    """Whether the driver is installed is read with the configuration; it is imported once the
+    listeners answer, and one that fails then stops the sidecar as a missing one does."""
+    (tmp_path / "asyncpg").mkdir()
+    (tmp_path / "asyncpg" / "__init__.py").write_text("raise ImportError('half installed')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEADER_SIDECAR_")}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--store", POSTGRESQL,
+         "--listen", "127.0.0.1:0", "--public-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"leader-sidecar: --store={POSTGRESQL}: the PostgreSQL store needs its driver, "
+        f"asyncpg, which is not installed: {INSTALL_POSTGRESQL}"
+    ]
+
+
 def test_postgresql_schema_help_and_print_need_no_driver() -> None:
     help_ = without("asyncpg", "postgresql-schema", "--help")
     assert help_.returncode == 0, help_.stderr
@@ -101,12 +123,13 @@ def test_an_exec_plugin_kubeconfig_without_the_official_client_stops_at_start(
         "command: /bin/true, interactiveMode: Never}}}]\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
     )
-    for command in ([], ["status"]):
+    # With a namespace given the kubeconfig is read once the listeners answer: the same line.
+    for command, namespace in itertools.product(([], ["status"]), ([], ["--namespace", "n"])):
         result = without(
             "kubernetes",
             *command,
             "--store", "kubernetes", "--lease", "x", "--kubeconfig", str(config),
-            "--request-timeout", "1s",
+            "--request-timeout", "1s", *namespace,
         )  # fmt: skip
         assert result.returncode == 2, result.stderr
         lines = result.stderr.splitlines()

@@ -34,6 +34,7 @@ from sidecar.config import load
 
 async def main() -> None:
     sidecar = Sidecar(load(sys.argv[1:], environ={}))
+    sidecar.open()
     if START:
         await sidecar.start()
         await sidecar.stop()

@@ -123,6 +123,7 @@ async def test_a_task_that_fails_is_named_by_healthz_counted_and_runs_again(
     )  # fmt: skip
     client = MemoryStoreClient() if breaker.store == "memory" else None
     sidecar = Sidecar(config, client=client)
+    sidecar.open()  # (`start` would open the store after listening; the test needs it now)
     sidecar.supervisor.backoff = (0.6, 0.6)  # down 0.3-0.6 s: long enough to be seen
     if breaker.store == "sqlite":
         assert isinstance(sidecar.client, SQLiteStoreClient)

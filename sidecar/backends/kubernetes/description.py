@@ -53,7 +53,11 @@ def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> Kubernete
     if kubeconfig is None:
         return KubernetesSettings()
     source = "--kubeconfig" if values.get("kubeconfig") else "KUBECONFIG"
-    return KubernetesSettings(kubeconfig, _kubeconfig_namespace(source, kubeconfig))
+    if values.get("namespace") or environ.get("POD_NAMESPACE"):
+        # The namespace is given: the kubeconfig is read with the client, once the listeners
+        # answer (its YAML costs ~20 ms of imports), and a bad one stops the sidecar then.
+        return KubernetesSettings(kubeconfig, source=source, read=False)
+    return KubernetesSettings(kubeconfig, _kubeconfig_namespace(source, kubeconfig), source)
 
 
 def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
@@ -72,6 +76,11 @@ def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
+    """Raises `ConfigError` for a kubeconfig that cannot work, as the configuration does when
+    it reads it (`settings`)."""
+    settings = config.store_settings
+    if isinstance(settings, KubernetesSettings) and settings.kubeconfig and not settings.read:
+        _kubeconfig_namespace(settings.source, settings.kubeconfig)
     from sidecar.backends.kubernetes.wiring import open_kubernetes_client
 
     return open_kubernetes_client(config, supervisor)

@@ -16,6 +16,11 @@ class KubernetesSettings(StoreSettings):
     """``--kubeconfig``, else ``KUBECONFIG``; None: the pod's service account."""
     context_namespace: str | None = None
     """The kubeconfig's current context's namespace, as kubectl would use it."""
+    source: str = "--kubeconfig"
+    """Where the kubeconfig was named: ``--kubeconfig`` or ``KUBECONFIG``."""
+    read: bool = True
+    """False: the kubeconfig is yet to be read and checked (with the client: the namespace
+    was given, so the configuration did not need it)."""
 
     @property
     def namespace(self) -> str | None:

@@ -7,7 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.description import Command, Store, StoreConfig
-from sidecar.backends.postgresql.target import EXTRA, INSTALL, SCHEMES, missing_driver, parse_target
+from sidecar.backends.postgresql.target import (
+    EXTRA,
+    INSTALL,
+    SCHEMES,
+    driver_absent,
+    missing_driver,
+    parse_target,
+)
 from sidecar.config_error import ConfigError
 
 if TYPE_CHECKING:
@@ -16,17 +23,21 @@ if TYPE_CHECKING:
 
 
 def check_url(url: str) -> str:
-    """The URL as libpq would take it, its TLS files loaded, and the driver importable."""
+    """The URL as libpq would take it, its TLS files loaded, and the driver installed."""
     try:
         parse_target(url)
     except ConfigError as exc:
         raise ValueError(exc.allowed) from None
-    if reason := missing_driver():
+    if reason := driver_absent():
         raise ValueError(reason)
     return url
 
 
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
+    """Imports the driver first: one found but broken stops the sidecar with the line a
+    missing one does (`check_url`), not a traceback."""
+    if reason := missing_driver():
+        raise ConfigError("--store", config.store, reason)
     from sidecar.backends.postgresql import open_postgresql_client
 
     return open_postgresql_client(config, supervisor)
