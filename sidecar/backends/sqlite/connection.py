@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from sidecar.backends.base import NoStore, StoreUnavailable
 from sidecar.backends.sqlite.schema import set_up
+from sidecar.backends.sqlite.wake import Notifier
 from sidecar.clock import Clock
 
 T = TypeVar("T")
@@ -26,6 +27,11 @@ logger = logging.getLogger("sidecar.sqlite")
 # Order of the connection's work: a renewal or a release first (a leader's deadline, a hand-off
 # someone waits for), then everything else in arrival order, then closing.
 URGENT, NORMAL, LAST = 0, 1, 2
+
+NOTICE_GAP = 0.005
+"""Seconds between two wake-up notices while writes keep coming (`wake.Notifier`): a burst of
+writes, 1,000 acquires at start-up say, sends a notice this often and once at its end, not
+one per write."""
 
 _Job = Callable[[], None]
 
@@ -61,6 +67,10 @@ class Connection:
         self._probe: tuple[float, Callable[[], None]] | None = None
         self._probe_due = 0.0
         self._probe_seen: tuple[int, int] | None = None  # (data_version, writes) last probed
+        # Other processes' watch pollers, told after writes (none from a reader).
+        self.notifier = None if read_only else Notifier(path)
+        self._notice_owed = False  # a write ran since the last notice
+        self._noticed_at = 0.0
 
     def on_change(self, interval: float, changed: Callable[[], None] | None) -> None:
         """Every ``interval`` seconds, on the connection's thread and between its jobs, read
@@ -150,10 +160,28 @@ class Connection:
                     self._look_for_change()
                     continue
             if job is None:
+                if self.notifier is not None:
+                    self.notifier.close()
                 return
             job()
+            if self._notice_owed:
+                self._notice_after_write()
             if self._probe is not None and time.monotonic() >= self._probe_due:
                 self._look_for_change()  # (a busy queue still looks every interval)
+
+    def _notice_after_write(self) -> None:
+        """Tell the other processes' pollers once the queue is done, or every `NOTICE_GAP`
+        while it is not: one notice per batch of writes."""
+        now = time.monotonic()
+        if not self._jobs.empty() and now - self._noticed_at < NOTICE_GAP:
+            return
+        self._notice_owed = False
+        self._noticed_at = now
+        assert self.notifier is not None
+        try:
+            self.notifier.notify()
+        except Exception:  # never the thread's end: every statement of the client runs on it
+            logger.exception("a wake-up notice failed")
 
     def _submit(self, fn: Callable[[], T], priority: int) -> concurrent.futures.Future[T]:
         """``fn`` on the connection's thread; the future is cancelled, not run, if its caller
@@ -185,6 +213,9 @@ class Connection:
                 return fn(self._connect())
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+            finally:
+                if writes and self.notifier is not None:
+                    self._notice_owed = True  # (even on failure: a commit may have landed)
 
         try:
             return await asyncio.wrap_future(self._submit(call, URGENT if urgent else NORMAL))

@@ -32,6 +32,7 @@ from sidecar.backends.sqlite.schema import (
     WATCHED_SEEN,
     lease_record,
 )
+from sidecar.backends.sqlite.wake import Listener
 from sidecar.logs import Throttle, log
 from sidecar.supervisor import Supervisor
 
@@ -52,6 +53,9 @@ class WatchHub:
         self._wake = asyncio.Event()  # something changed, or a watch came or went: look
         self._copied_on: sqlite3.Connection | None = None  # the connection the copy is in
         self._failing = Throttle()  # a look that fails: one line per 10 s
+        # Another process's word that it wrote (`wake`): look now, not at the next probe.
+        self._listener = None if connection.read_only else Listener(connection.path)
+        self.hints = 0  # wake-ups heard (tests count them)
 
     @property
     def polling(self) -> bool:
@@ -108,11 +112,21 @@ class WatchHub:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(wake.set)
 
+        hinted = asyncio.Event()
+
+        def woken() -> None:  # (on the loop)
+            self.hints += 1
+            hinted.set()
+            wake.set()
+
         self._connection.on_change(self._interval, changed)
+        if self._listener is not None:
+            self._listener.start(woken)
         try:
             while self._watches:
                 await wake.wait()
                 wake.clear()
+                hinted.clear()  # (the look below reads whatever it hinted at)
                 if not self._watches:
                     break
                 try:
@@ -135,9 +149,13 @@ class WatchHub:
                     await asyncio.sleep(self._interval * 10)
                     wake.set()
                     continue
-                await asyncio.sleep(self._interval)  # at most one look per interval
+                # At most one look per interval, unless another process says it wrote.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(hinted.wait(), self._interval)
         finally:
             self._connection.on_change(self._interval, None)
+            if self._listener is not None:
+                self._listener.stop()
         # No await between the emptiness check and this: a new watch starts a new loop.
         self._task = None
 

@@ -1,0 +1,188 @@
+"""A write by one process wakes the SQLite watch pollers of the others at once (`wake`), and
+the poll stays when the wake-up directory cannot be used. Real processes, the real file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.backends.base import LeaseRecord
+from sidecar.backends.sqlite import SQLiteLeaseStore
+from sidecar.backends.sqlite.wake import wake_directory
+from tests.support.tools import REPO
+
+# A child process that takes the lease, then releases it when told (a line on stdin).
+WRITER = """
+import asyncio, sys
+from sidecar.backends.sqlite import SQLiteLeaseStore
+
+async def main():
+    store = SQLiteLeaseStore(sys.argv[1], "wake")
+    record = await store.try_acquire("child", 30.0, 0, expected=None)
+    print("held", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await store.release("child", record.term)
+    print("released", flush=True)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def writer(path: Path) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+async def line(child: subprocess.Popen[str]) -> str:
+    assert child.stdout is not None
+    return (await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 30)).strip()
+
+
+def sockets_in(path: Path) -> list[str]:
+    """The pids of the sockets in ``path``'s wake-up directory."""
+    return sorted(name.split("-")[0] for name in os.listdir(wake_directory(str(path))))
+
+
+def status(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "status", "--lease", "wake", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO), "LEADER_SIDECAR_STORE": f"sqlite:///{path}"},
+    )
+
+
+def make_stale_socket(path: Path) -> Path:
+    """A socket file nobody is bound to, as a SIGKILLed process leaves it."""
+    directory = Path(wake_directory(str(path)))
+    directory.mkdir(mode=0o700)
+    stale = directory / "999999-dead.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(stale))
+    sock.close()
+    return stale
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    path: Path, interval: float
+) -> AsyncIterator[tuple[SQLiteLeaseStore, asyncio.Queue[LeaseRecord | None]]]:
+    store = SQLiteLeaseStore(str(path), "wake", watch_interval=interval)
+    seen: asyncio.Queue[LeaseRecord | None] = asyncio.Queue()
+    stop = store.follow(seen.put_nowait)
+    try:
+        assert await asyncio.wait_for(seen.get(), 5) is None  # nobody holds it yet
+        yield store, seen
+    finally:
+        stop()
+        await store.close()
+
+
+async def next_change(seen: asyncio.Queue[LeaseRecord | None], within: float) -> LeaseRecord:
+    record = await asyncio.wait_for(seen.get(), within)
+    assert record is not None
+    return record
+
+
+async def test_another_process_s_release_wakes_the_watch_long_before_its_poll(
+    tmp_path: Path,
+) -> None:
+    """Polled once a second, the watch still sees another process's acquire and release
+    within 0.2 s: the writer's datagram wakes the poller."""
+    path = tmp_path / "leases.db"
+    async with watching(path, interval=1.0) as (store, seen):
+        assert sockets_in(path) == [str(os.getpid())]
+        assert oct(os.stat(wake_directory(str(path))).st_mode & 0o777) == "0o700"
+        with writer(path) as child:
+            assert await line(child) == "held"
+            held = await next_change(seen, within=5)
+            assert held.holder == "child"
+            assert child.stdin is not None
+            began = time.monotonic()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            released = await next_change(seen, within=0.9)
+            waited = time.monotonic() - began
+            assert released.holder is None
+            assert released.released
+            assert waited < 0.2, f"the release was seen after {waited:.3f} s"
+            assert await line(child) == "released"
+        assert store.client.hub.hints >= 2  # the acquire's and the release's
+    # The watch ended: its socket is gone with it.
+    assert sockets_in(path) == []
+
+
+async def test_a_dead_process_s_socket_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    stale = make_stale_socket(path)
+    async with watching(path, interval=1.0) as (store, _):
+        assert sockets_in(path) == sorted([str(os.getpid()), "999999"])
+        await store.try_acquire("me", 30.0, 0, expected=None)
+        notifier = store.client.connection.notifier
+        assert notifier is not None
+        for _ in range(100):  # the notice goes once the connection's queue is done
+            if len(sockets_in(path)) == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert sockets_in(path) == [str(os.getpid())]
+        assert stale.name not in os.listdir(stale.parent)
+        assert notifier.sent == 1  # to the live socket (our own), not the dead one
+
+
+async def test_a_status_read_creates_no_wake_up_directory(tmp_path: Path) -> None:
+    path = tmp_path / "leases.db"
+    store = SQLiteLeaseStore(str(path), "wake")
+    await store.try_acquire("me", 30.0, 0, expected=None)  # a file, no watch: no directory
+    await store.close()
+    done = await asyncio.to_thread(status, path)
+    assert done.returncode == 0, done.stderr
+    assert '"me"' in done.stdout
+    # (SQLite's own -wal and -shm may appear beside the file)
+    assert os.path.basename(wake_directory(str(path))) not in os.listdir(tmp_path)
+
+
+async def test_an_unusable_wake_up_directory_leaves_the_poll_to_do_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file where the directory should be (as unusable as an unwritable directory, and so
+    even for root): said once, and the watch still sees the other process's writes by
+    polling."""
+    path = tmp_path / "leases.db"
+    os.close(os.open(wake_directory(str(path)), os.O_CREAT | os.O_WRONLY, 0o600))
+    caplog.set_level(logging.INFO, logger="sidecar.sqlite")
+    async with watching(path, interval=0.05) as (store, seen):
+        with writer(path) as child:
+            assert await line(child) == "held"
+            assert (await next_change(seen, within=5)).holder == "child"
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert (await next_change(seen, within=5)).released
+            assert await line(child) == "released"
+        assert store.client.hub.hints == 0
+    off = [r for r in caplog.records if "wake-ups are off" in r.getMessage()]
+    assert len(off) == 1
