@@ -186,3 +186,20 @@ async def test_an_unusable_wake_up_directory_leaves_the_poll_to_do_it(
         assert store.client.hub.hints == 0
     off = [r for r in caplog.records if "wake-ups are off" in r.getMessage()]
     assert len(off) == 1
+
+
+async def test_a_path_too_long_for_a_socket_address_still_wakes(tmp_path: Path) -> None:
+    """Past the kernel's 107 bytes the sockets are reached through ``/proc/self/fd``."""
+    deep = tmp_path / ("x" * 60) / ("y" * 60)
+    await asyncio.to_thread(deep.mkdir, parents=True)
+    path = deep / "leases.db"
+    async with watching(path, interval=1.0) as (store, seen):
+        other = SQLiteLeaseStore(str(path), "wake")  # another client: its own connection
+        try:
+            began = time.monotonic()
+            await other.try_acquire("other", 30.0, 0, expected=None)
+            assert (await next_change(seen, within=0.9)).holder == "other"
+            assert time.monotonic() - began < 0.2
+        finally:
+            await other.close()
+        assert store.client.hub.hints >= 1

@@ -139,11 +139,9 @@ class Listener:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
-            old_umask = os.umask(0o077)  # (the directory's mode guards it too)
-            try:
-                sock.bind(_address(self._directory, dir_fd, name))
-            finally:
-                os.umask(old_umask)
+            # (Its mode is the umask's: the directory's 0700 is the guard. Not a umask of its
+            # own: that is the process's, and another thread may be creating a file.)
+            sock.bind(_address(self._directory, dir_fd, name))
         except OSError as exc:
             sock.close()
             os.close(dir_fd)
