@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ from sidecar.supervisor import Supervisor
 
 logger = logging.getLogger("sidecar.sqlite")
 
-LOOK_SHARE_REST = 4.0  # a woken poller rests this many times its last look's duration
+LOOK_SHARE_REST = 4.0  # a woken poller rests this many times its last look's CPU time
 
 
 class WatchHub:
@@ -58,6 +59,7 @@ class WatchHub:
         # Another process's word that it wrote (`wake`): look now, not at the next probe.
         self._listener = None if connection.read_only else Listener(connection.path)
         self.hints = 0  # wake-ups heard (tests count them)
+        self._look_cpu = 0.0  # seconds of CPU the last look took, on the connection's thread
 
     @property
     def polling(self) -> bool:
@@ -131,7 +133,6 @@ class WatchHub:
                 hinted.clear()  # (the look below reads whatever it hinted at)
                 if not self._watches:
                     break
-                began = loop.time()
                 try:
                     data_version, writes = await self._look(data_version, writes)
                 except StoreUnavailable as exc:
@@ -153,10 +154,11 @@ class WatchHub:
                     wake.set()
                     continue
                 # At most one look per interval, unless another process says it wrote; and
-                # then rest four times as long as the look took, so that others' bursts of
-                # writes (1,000 acquires each at start-up) keep the looks to a fifth of the
-                # time, however many leases each look compares.
-                rest = min(self._interval, LOOK_SHARE_REST * (loop.time() - began))
+                # then rest four times the look's CPU time (not its wall time, which a busy
+                # machine stretches), so that others' bursts of writes (1,000 acquires each
+                # at start-up) keep the looks to a fifth of a core, however many leases each
+                # look compares.
+                rest = min(self._interval, LOOK_SHARE_REST * self._look_cpu)
                 await asyncio.sleep(rest)
                 if not hinted.is_set():
                     with contextlib.suppress(TimeoutError):
@@ -188,6 +190,13 @@ class WatchHub:
         everything = list(self._watches)  # (a connection opened anew has no copy yet)
 
         def look(conn: sqlite3.Connection) -> tuple[int, list[Any]]:
+            began = time.thread_time()
+            try:
+                return compare(conn)
+            finally:
+                self._look_cpu = time.thread_time() - began
+
+        def compare(conn: sqlite3.Connection) -> tuple[int, list[Any]]:
             nonlocal fresh
             (version,) = conn.execute("PRAGMA data_version").fetchone()
             if conn is not self._copied_on:
@@ -219,6 +228,7 @@ class WatchHub:
             self._fresh.update(fresh)
             self._gone.update(name for name in gone if name not in self._watches)
             raise
+        began = time.thread_time()  # (the loop's share of the look: decoding, handing on)
         watches = self._watches
         for row in rows:
             subscribed = watches.get(row[0])
@@ -227,4 +237,5 @@ class WatchHub:
             record = lease_record(row[2:]) if row[1] else None  # absent: the row is gone
             for watch in list(subscribed):
                 watch.offer(record)
+        self._look_cpu += time.thread_time() - began
         return version, writes
