@@ -70,6 +70,7 @@ class Connection:
         # Other processes' watch pollers, told after writes (none from a reader).
         self.notifier = None if read_only else Notifier(path)
         self._notice_owed = False  # a write ran since the last notice
+        self._notice_urgent = False  # and it was urgent: no waiting for the batch
         self._noticed_at = 0.0
 
     def on_change(self, interval: float, changed: Callable[[], None] | None) -> None:
@@ -161,6 +162,9 @@ class Connection:
                     continue
             if job is None:
                 if self.notifier is not None:
+                    if self._notice_owed:  # (a release just before closing, say)
+                        self._notice_urgent = True
+                        self._notice_after_write()
                     self.notifier.close()
                 return
             job()
@@ -171,11 +175,16 @@ class Connection:
 
     def _notice_after_write(self) -> None:
         """Tell the other processes' pollers once the queue is done, or every `NOTICE_GAP`
-        while it is not: one notice per batch of writes."""
+        while it is not: one notice per batch of writes. An urgent write (a release, a
+        hand-over, a renewal) is told at once: a successor waits for it."""
         now = time.monotonic()
-        if not self._jobs.empty() and now - self._noticed_at < NOTICE_GAP:
+        if (
+            not self._notice_urgent
+            and not self._jobs.empty()
+            and now - self._noticed_at < NOTICE_GAP
+        ):
             return
-        self._notice_owed = False
+        self._notice_owed = self._notice_urgent = False
         self._noticed_at = now
         assert self.notifier is not None
         try:
@@ -216,6 +225,7 @@ class Connection:
             finally:
                 if writes and self.notifier is not None:
                     self._notice_owed = True  # (even on failure: a commit may have landed)
+                    self._notice_urgent = self._notice_urgent or urgent
 
         try:
             return await asyncio.wrap_future(self._submit(call, URGENT if urgent else NORMAL))
