@@ -213,3 +213,25 @@ async def test_a_path_too_long_for_a_socket_address_still_wakes(tmp_path: Path) 
         finally:
             await other.close()
         assert store.client.hub.hints >= 1
+
+
+async def test_a_write_told_at_once_is_not_looked_at_again_at_the_next_probe(
+    tmp_path: Path,
+) -> None:
+    """The woken look reads the write; the probe, which times its own look, then finds
+    nothing new in the file and leaves the poller asleep: one look per write, not two."""
+    path = tmp_path / "leases.db"
+    interval = 0.5
+    async with watching(path, interval=interval) as (store, seen):
+        other = SQLiteLeaseStore(str(path), "wake")  # another client: its own connection
+        try:
+            looks = store.client.hub.looks
+            await other.try_acquire("other", 30.0, 0, expected=None)
+            assert (await next_change(seen, within=interval * 0.9)).holder == "other"
+            # Two probes' time: each would have woken the poller for a write it had not seen.
+            await asyncio.sleep(interval * 2.5)
+            assert store.client.hub.looks - looks == 1
+            assert seen.empty()
+        finally:
+            await other.close()
+        assert store.client.hub.hints == 1

@@ -84,6 +84,14 @@ class Connection:
         if changed is not None:
             self._submit(lambda: None, NORMAL)  # the thread starts, and times from now
 
+    def looked(self, version: int, writes: int) -> None:
+        """On the connection's thread: the watch poller has just read the file at
+        ``data_version`` ``version``, after ``writes`` of this client's writes. The probe then
+        wakes it only for what came after: a write another process told of at once (`wake`)
+        was otherwise looked at a second time, at the next probe, to find nothing."""
+        if self._probe is not None:
+            self._probe_seen = (version, writes)
+
     def _look_for_change(self) -> None:
         probe = self._probe
         if probe is None:

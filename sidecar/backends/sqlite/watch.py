@@ -59,6 +59,7 @@ class WatchHub:
         # Another process's word that it wrote (`wake`): look now, not at the next probe.
         self._listener = None if connection.read_only else Listener(connection.path)
         self.hints = 0  # wake-ups heard (tests count them)
+        self.looks = 0  # looks at the file (tests count them)
         self._look_cpu = 0.0  # seconds of CPU the last look took, on the connection's thread
 
     @property
@@ -182,6 +183,7 @@ class WatchHub:
         this client wrote), or a watch is new, reads the watched rows that differ from the
         copy — every row of a new watch — and brings the copy up to date in the same read
         transaction (a commit in between would otherwise reach the copy unseen)."""
+        self.looks += 1
         writes = self._connection.writes  # before the read: a write during it is re-read
         fresh = [name for name in self._fresh if name in self._watches]
         gone = list(self._gone)
@@ -203,6 +205,7 @@ class WatchHub:
                 conn.execute(WATCHED)
                 fresh = everything
             elif version == last_version and writes == last_writes and not fresh and not gone:
+                self._connection.looked(version, writes)
                 return int(version), []
             conn.execute("BEGIN")
             try:
@@ -215,6 +218,9 @@ class WatchHub:
                     conn.execute(WATCHED_SEEN)
                 conn.execute("COMMIT")
                 self._copied_on = conn
+                # (The version was read before this read transaction began: whatever it
+                # counts, the rows above include.)
+                self._connection.looked(version, writes)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
