@@ -235,3 +235,45 @@ async def test_a_write_told_at_once_is_not_looked_at_again_at_the_next_probe(
         finally:
             await other.close()
         assert store.client.hub.hints == 1
+
+
+async def test_wake_ups_never_put_the_poll_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of forged wake-ups, and looks made to rest as long as they may (a whole
+    interval): a write nobody tells of is still seen within one interval of the look before
+    it, as with no wake-ups at all. The poll is the fallback; a hint only brings a look
+    forward."""
+    monkeypatch.setattr("sidecar.backends.sqlite.watch.LOOK_SHARE_REST", 1e9)
+    path = tmp_path / "leases.db"
+    interval = 0.3
+    directory = wake_directory(str(path))
+    forger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    forger.setblocking(False)
+
+    async def forge() -> None:
+        while True:
+            for name in os.listdir(directory):
+                with contextlib.suppress(OSError):
+                    forger.sendto(b"!", os.path.join(directory, name))
+            await asyncio.sleep(0.02)
+
+    async with watching(path, interval=interval) as (store, seen):
+        other = SQLiteLeaseStore(str(path), "wake")
+        forging = asyncio.create_task(forge())
+        try:
+            other.client.connection.notifier = None  # its writes are told of by nobody
+            await asyncio.sleep(interval)  # the poller rests between forged wake-ups
+            looks = store.client.hub.looks
+            began = time.monotonic()
+            await other.try_acquire("other", 30.0, 0, expected=None)
+            assert (await next_change(seen, within=5)).holder == "other"
+            waited = time.monotonic() - began
+            # One interval at most, and the look's own time; two, were a rest added to it.
+            assert waited < interval * 1.5, f"seen {waited:.3f} s after the write"
+            assert store.client.hub.hints > 10
+            assert store.client.hub.looks - looks <= 2 + int(waited / interval)
+        finally:
+            forging.cancel()
+            forger.close()
+            await other.close()
