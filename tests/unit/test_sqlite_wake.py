@@ -21,8 +21,9 @@ from sidecar.backends.sqlite import SQLiteLeaseStore
 from sidecar.backends.sqlite.wake import wake_directory
 from tests.support.tools import REPO
 
-# A child process that takes the lease, then releases it when told (a line on stdin), and
-# says when the release was done.
+# A child process that takes the lease and renews it, then releases it when told (a line on
+# stdin), and says when the release was done. (Only the renewal and the release, the writes
+# someone waits for, are told of at once; the acquire is left to the poll.)
 WRITER = """
 import asyncio, sys, time
 from sidecar.backends.sqlite import SQLiteLeaseStore
@@ -30,6 +31,7 @@ from sidecar.backends.sqlite import SQLiteLeaseStore
 async def main():
     store = SQLiteLeaseStore(sys.argv[1], "wake")
     record = await store.try_acquire("child", 30.0, 0, expected=None)
+    record = await store.renew("child", record.term, 30.0)
     print("held", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
     await store.release("child", record.term)
@@ -121,7 +123,7 @@ async def next_change(seen: asyncio.Queue[LeaseRecord | None], within: float) ->
 async def test_another_process_s_release_wakes_the_watch_long_before_its_poll(
     tmp_path: Path,
 ) -> None:
-    """Polled every 5 s, the watch still sees another process's acquire and release within
+    """Polled every 5 s, the watch still sees another process's renewal and release within
     0.2 s of the write: the writer's datagram wakes the poller."""
     path = tmp_path / "leases.db"
     async with watching(path, interval=5.0) as (store, seen):
@@ -131,6 +133,7 @@ async def test_another_process_s_release_wakes_the_watch_long_before_its_poll(
             assert await line(child) == "held"
             held = await next_change(seen, within=4)
             assert held.holder == "child"
+            assert held.version == (await store.read()).version  # the renewal's
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
@@ -141,7 +144,7 @@ async def test_another_process_s_release_wakes_the_watch_long_before_its_poll(
             assert said == "released"
             waited = seen_at[-1] - float(released_at)
             assert waited < 0.2, f"the release was seen {waited:.3f} s after it was written"
-        assert store.client.hub.hints >= 2  # the acquire's and the release's
+        assert store.client.hub.hints >= 2  # the renewal's and the release's
     # The watch ended: its socket is gone with it.
     assert sockets_in(path) == []
 
@@ -151,7 +154,8 @@ async def test_a_dead_process_s_socket_is_removed_by_the_next_writer(tmp_path: P
     stale = make_stale_socket(path)
     async with watching(path, interval=1.0) as (store, _):
         assert sockets_in(path) == sorted([str(os.getpid()), "999999"])
-        await store.try_acquire("me", 30.0, 0, expected=None)
+        record = await store.try_acquire("me", 30.0, 0, expected=None)
+        await store.renew("me", record.term, 30.0)
         notifier = store.client.connection.notifier
         assert notifier is not None
         for _ in range(100):  # the notice goes once the connection's queue is done
@@ -206,9 +210,11 @@ async def test_a_path_too_long_for_a_socket_address_still_wakes(tmp_path: Path) 
     async with watching(path, interval=1.0) as (store, seen):
         other = SQLiteLeaseStore(str(path), "wake")  # another client: its own connection
         try:
+            record = await other.try_acquire("other", 30.0, 0, expected=None)
+            assert (await next_change(seen, within=2)).holder == "other"  # (polled)
             began = time.monotonic()
-            await other.try_acquire("other", 30.0, 0, expected=None)
-            assert (await next_change(seen, within=0.9)).holder == "other"
+            renewed = await other.renew("other", record.term, 30.0)
+            assert (await next_change(seen, within=0.9)).version == renewed.version
             assert time.monotonic() - began < 0.2
         finally:
             await other.close()
@@ -225,9 +231,12 @@ async def test_a_write_told_at_once_is_not_looked_at_again_at_the_next_probe(
     async with watching(path, interval=interval) as (store, seen):
         other = SQLiteLeaseStore(str(path), "wake")  # another client: its own connection
         try:
+            record = await other.try_acquire("other", 30.0, 0, expected=None)
+            assert (await next_change(seen, within=interval * 3)).holder == "other"  # (polled)
+            await asyncio.sleep(interval * 1.5)  # (the probe has seen it too)
             looks = store.client.hub.looks
-            await other.try_acquire("other", 30.0, 0, expected=None)
-            assert (await next_change(seen, within=interval * 0.9)).holder == "other"
+            renewed = await other.renew("other", record.term, 30.0)
+            assert (await next_change(seen, within=interval * 0.9)).version == renewed.version
             # Two probes' time: each would have woken the poller for a write it had not seen.
             await asyncio.sleep(interval * 2.5)
             assert store.client.hub.looks - looks == 1
@@ -276,4 +285,26 @@ async def test_wake_ups_never_put_the_poll_off(
         finally:
             forging.cancel()
             forger.close()
+            await other.close()
+
+
+async def test_an_acquire_is_left_to_the_poll_a_renewal_is_told_at_once(tmp_path: Path) -> None:
+    """Acquires come by the thousand at start-up: they wake nobody. A renewal, a release, a
+    hand-over (what followers and a successor wait for) wake every watching process."""
+    path = tmp_path / "leases.db"
+    async with watching(path, interval=1.0):
+        other = SQLiteLeaseStore(str(path), "wake")
+        try:
+            notifier = other.client.connection.notifier
+            assert notifier is not None
+            record = await other.try_acquire("other", 30.0, 0, expected=None)
+            await other.client.connection.run(lambda conn: None)  # (after the acquire's job)
+            assert notifier.sent == 0
+            record = await other.renew("other", record.term, 30.0)
+            await other.client.connection.run(lambda conn: None)
+            assert notifier.sent == 1  # to our one socket
+            await other.release("other", record.term)
+            await other.client.connection.run(lambda conn: None)
+            assert notifier.sent == 2
+        finally:
             await other.close()

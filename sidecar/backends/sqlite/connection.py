@@ -28,11 +28,6 @@ logger = logging.getLogger("sidecar.sqlite")
 # someone waits for), then everything else in arrival order, then closing.
 URGENT, NORMAL, LAST = 0, 1, 2
 
-NOTICE_GAP = 0.005
-"""Seconds between two wake-up notices while writes keep coming (`wake.Notifier`): a burst of
-writes, 1,000 acquires at start-up say, sends a notice this often and once at its end, not
-one per write."""
-
 _Job = Callable[[], None]
 
 
@@ -67,11 +62,9 @@ class Connection:
         self._probe: tuple[float, Callable[[], None]] | None = None
         self._probe_due = 0.0
         self._probe_seen: tuple[int, int] | None = None  # (data_version, writes) last probed
-        # Other processes' watch pollers, told after writes (none from a reader).
+        # Other processes' watch pollers, told after urgent writes (none from a reader).
         self.notifier = None if read_only else Notifier(path)
-        self._notice_owed = False  # a write ran since the last notice
-        self._notice_urgent = False  # and it was urgent: no waiting for the batch
-        self._noticed_at = 0.0
+        self._notice_owed = False  # an urgent write ran since the last notice
 
     def on_change(self, interval: float, changed: Callable[[], None] | None) -> None:
         """Every ``interval`` seconds, on the connection's thread and between its jobs, read
@@ -171,29 +164,22 @@ class Connection:
             if job is None:
                 if self.notifier is not None:
                     if self._notice_owed:  # (a release just before closing, say)
-                        self._notice_urgent = True
-                        self._notice_after_write()
+                        self._tell_others()
                     self.notifier.close()
                 return
             job()
             if self._notice_owed:
-                self._notice_after_write()
+                self._tell_others()
             if self._probe is not None and time.monotonic() >= self._probe_due:
                 self._look_for_change()  # (a busy queue still looks every interval)
 
-    def _notice_after_write(self) -> None:
-        """Tell the other processes' pollers once the queue is done, or every `NOTICE_GAP`
-        while it is not: one notice per batch of writes. An urgent write (a release, a
-        hand-over, a renewal) is told at once: a successor waits for it."""
-        now = time.monotonic()
-        if (
-            not self._notice_urgent
-            and not self._jobs.empty()
-            and now - self._noticed_at < NOTICE_GAP
-        ):
-            return
-        self._notice_owed = self._notice_urgent = False
-        self._noticed_at = now
+    def _tell_others(self) -> None:
+        """Wake the other processes' pollers at once after an urgent write: a release or a
+        hand-over (a successor waits for it), a renewal (followers time the holder by it).
+        Other writes are left to the poll, as without wake-ups: acquires come 1,000 at a
+        time from every replica at start-up, and the looks they woke took the CPU and the
+        connections' threads from those very acquires."""
+        self._notice_owed = False
         assert self.notifier is not None
         try:
             self.notifier.notify()
@@ -231,9 +217,8 @@ class Connection:
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
             finally:
-                if writes and self.notifier is not None:
+                if writes and urgent and self.notifier is not None:
                     self._notice_owed = True  # (even on failure: a commit may have landed)
-                    self._notice_urgent = self._notice_urgent or urgent
 
         try:
             return await asyncio.wrap_future(self._submit(call, URGENT if urgent else NORMAL))

@@ -4,10 +4,10 @@ A SQLite file tells nobody of a commit; a follower learns of one from its poller
 ``PRAGMA data_version`` probe, every `watch_interval`. To cut that wait, each client that
 watches binds a UNIX datagram socket in a directory beside the file, ``<file>-wake/``
 (SQLite's own companions are ``<file>-wal``, ``<file>-shm``, ``<file>-journal``: the name
-says whose it is and sorts beside them), and a client that wrote sends one byte to every socket
-there once its queue of work is done. A receiver's poller then looks at once. Lost, late or
-forged bytes cost only a look that finds nothing: the poll stays, and what a follower does
-follows only from what it reads in the file.
+says whose it is and sorts beside them), and a client that made a write someone waits for
+(a release, a hand-over, a renewal) sends one byte to every socket there. A receiver's poller
+then looks at once. Lost, late or forged bytes cost only a look that finds nothing: the poll
+stays, and what a follower does follows only from what it reads in the file.
 
 Linux-only in practice (AF_UNIX datagram sockets); elsewhere, or when the directory cannot be
 made or used, the clients only poll.

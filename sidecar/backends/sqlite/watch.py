@@ -156,9 +156,9 @@ class WatchHub:
                     continue
                 # At most one look per interval, unless another process says it wrote; and
                 # then rest four times the look's CPU time (not its wall time, which a busy
-                # machine stretches), so that others' bursts of writes (1,000 acquires each
-                # at start-up) keep the looks to a fifth of a core, however many leases each
-                # look compares.
+                # machine stretches), so that others' bursts of urgent writes (many replicas'
+                # renewals, the balancer's hand-overs) keep the looks to a fifth of a core,
+                # however many leases each look compares; never longer than the interval.
                 rest = min(self._interval, LOOK_SHARE_REST * self._look_cpu)
                 await asyncio.sleep(rest)
                 if not hinted.is_set():
