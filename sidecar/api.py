@@ -61,7 +61,7 @@ def parse_wait(text: str) -> float:
 
 def status_response(status: LeaderStatus) -> web.Response:
     return web.Response(
-        body=status.encoded(),
+        body=status.body,
         status=200 if status.leader else 503,
         headers={"Content-Type": JSON, "ETag": status.etag, "Cache-Control": "no-store"},
     )
@@ -86,12 +86,9 @@ def _set_etag(statuses: list[LeaderStatus]) -> str:
     return '"' + digest.hexdigest()[:16] + '"'
 
 
-def _one_lease(request: web.Request) -> Elector | web.Response:
-    """The elector ``GET /leader`` answers for: the only lease, else a 400 that says where
-    to ask (failing closed: a client reading ``200`` as leadership never sees one here)."""
-    leases = request.app[LEASES]
-    if len(leases.electors) == 1:
-        return leases.primary
+def _several_leases(leases: LeaseSet) -> web.Response:
+    """``GET /leader`` of a sidecar of several leases: a 400 that says where to ask (failing
+    closed: a client reading ``200`` as leadership never sees one here)."""
     example = next(iter(leases.electors))
     return _error(
         400,
@@ -111,10 +108,10 @@ def _named_lease(request: web.Request) -> Elector | web.Response:
 async def get_leader(request: web.Request) -> web.Response:
     """``200`` when this replica leads now, ``503`` otherwise. ``?wait=SECONDS`` with
     ``If-None-Match: <etag>`` holds the request until the state differs from that ETag."""
-    elector = _one_lease(request)
-    if isinstance(elector, web.Response):
-        return elector
-    return await _leader_answer(request, elector)
+    leases = request.app[LEASES]
+    if len(leases.electors) != 1:
+        return _several_leases(leases)
+    return await _leader_answer(request, leases.primary)
 
 
 async def get_named_leader(request: web.Request) -> web.Response:
@@ -127,8 +124,11 @@ async def get_named_leader(request: web.Request) -> web.Response:
 
 def _wait_of(request: web.Request) -> float | web.Response | None:
     """``?wait=`` with ``If-None-Match``: seconds to hold; None: answer at once."""
+    # If-None-Match first: most polls carry none, and parsing the query costs more.
+    if request.headers.get("If-None-Match") is None:
+        return None
     wait_text = request.query.get("wait")
-    if wait_text is None or request.headers.get("If-None-Match") is None:
+    if wait_text is None:
         return None
     try:
         return 0.0 if wait_text == "" else min(parse_wait(wait_text), MAX_WAIT)
@@ -138,10 +138,10 @@ def _wait_of(request: web.Request) -> float | web.Response | None:
 
 async def _leader_answer(request: web.Request, elector: Elector) -> web.Response:
     wait = _wait_of(request)
+    if wait is None:  # the usual poll: first, and nothing more than it needs
+        return status_response(elector.status())
     if isinstance(wait, web.Response):
         return wait
-    if wait is None:
-        return status_response(elector.status())
     slots = request.app[LONG_POLLS]
     with slots.take(request.remote) as granted:
         if not granted:
@@ -358,9 +358,10 @@ async def get_root(request: web.Request) -> web.Response:
     image changes; nais/elector's ``last_update`` beside it (when the holder was granted the
     lease, by the store's wall clock; absent when unknown). The holder as last observed (a
     follower's view may be a moment old, as theirs was); "" when nobody holds the lease."""
-    elector = _one_lease(request)
-    if isinstance(elector, web.Response):
-        return elector
+    leases = request.app[LEASES]
+    if len(leases.electors) != 1:
+        return _several_leases(leases)
+    elector = leases.primary
     status = elector.status()
     pod_name = request.app[POD_NAME] or elector.identity.rpartition("_")[0]
     name = pod_of_holder(status.holder, elector.identity, pod_name)

@@ -92,6 +92,7 @@ class Elector:
         "_clock",
         "_gaps",
         "_last_error",
+        "_last_status",
         "_last_store_answer",
         "_lock",
         "_muted",
@@ -197,6 +198,9 @@ class Elector:
         self._change_listeners: tuple[Callable[[Elector], None], ...] = ()
         self._stopping = False  # set by `stop`: no new step starts, whatever a cancel turned into
         self._muted = False  # `mute`: draining, answer 503 while the lease is still held
+        # The last `status` built: an app polling hard asks many times a millisecond, and
+        # the answer changes at most once a millisecond (``valid_for`` is in milliseconds).
+        self._last_status: LeaderStatus | None = None
         metrics.bind(self)
 
     # -- what the API reads -------------------------------------------------------------
@@ -229,17 +233,31 @@ class Elector:
     def status(self) -> LeaderStatus:
         now = self._clock.now()
         leading, holder, term = self._shown(now)
-        return LeaderStatus(
+        valid_for = round(max(0.0, self._valid_until - now), 3) if leading else 0.0
+        starting = not leading and not self._view.seen_anything
+        last = self._last_status
+        if (
+            last is not None
+            and last.valid_for == valid_for
+            and last.leader is leading
+            and last.term == term
+            and last.holder == holder
+            and last.since is self._role_since
+            and last.starting is starting
+        ):
+            return last
+        self._last_status = status = LeaderStatus(
             leader=leading,
             identity=self.identity,
             holder=holder,
             term=term,
             lease=self.lease,
             lease_duration=self.timing.lease_duration,
-            valid_for=max(0.0, self._valid_until - now) if leading else 0.0,
+            valid_for=valid_for,
             since=self._role_since,
-            starting=not leading and not self._view.seen_anything,
+            starting=starting,
         )
+        return status
 
     @property
     def clock(self) -> Clock:

@@ -37,19 +37,16 @@ class LeaderStatus:
     """No answer from the store about this lease yet (the store not open, or not answering):
     ``holder`` and ``term`` say nothing then. Never true of a leader."""
 
-    @property
+    @functools.cached_property
     def etag(self) -> str:
         """Changes exactly when the leader flag, the holder or the term changes."""
         return _etag(self.leader, self.holder, self.term)
 
-    def encoded(self) -> bytes:
-        """``to_json`` as the bytes ``GET /leader`` sends. An app polling hard asks many
-        times a millisecond, and the answer changes at most once a millisecond
-        (``valid_for_seconds``): the same answer is encoded once."""
-        return _encoded(
-            self.leader, self.identity, self.holder, self.term, self.lease,
-            self.lease_duration, round(self.valid_for, 3), self.since, self.starting,
-        )  # fmt: skip
+    @functools.cached_property
+    def body(self) -> bytes:
+        """``to_json`` as the bytes ``GET /leader`` sends, encoded once per status (the
+        elector hands out the same status while nothing in it changed)."""
+        return json.dumps(self.to_json()).encode()
 
     def to_json(self) -> dict[str, Any]:
         """``starting`` appears only while true: the answer of a sidecar at work is the same
@@ -73,24 +70,6 @@ class LeaderStatus:
 def _etag(leader: bool, holder: str | None, term: int) -> str:
     key = f"{int(leader)}|{holder or ''}|{term}".encode()
     return '"' + hashlib.sha256(key).hexdigest()[:16] + '"'
-
-
-@functools.lru_cache(maxsize=16)
-def _encoded(
-    leader: bool,
-    identity: str,
-    holder: str | None,
-    term: int,
-    lease: str,
-    lease_duration: float,
-    valid_for: float,
-    since: datetime | None,
-    starting: bool,
-) -> bytes:
-    status = LeaderStatus(
-        leader, identity, holder, term, lease, lease_duration, valid_for, since, starting
-    )
-    return json.dumps(status.to_json()).encode()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""``GET /leader``'s bytes are encoded once per distinct answer, and are exactly ``to_json``."""
+"""``GET /leader``'s bytes are exactly ``to_json``, encoded once per distinct answer: the elector
+hands out the same status while nothing in it changed, to the millisecond."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ import dataclasses
 import json
 from datetime import UTC, datetime
 
+from prometheus_client import CollectorRegistry
+
+from sidecar.backends.memory import MemoryLeaseState
+from sidecar.elector import Elector
+from sidecar.metrics import Metrics
 from sidecar.status import LeaderStatus
+from sidecar.timing import Timing
+from tests.support.clock import FakeClock
+from tests.support.strict_store import StrictStore
+
+TIMING = Timing.build(lease_duration=2.0)
 
 STATUS = LeaderStatus(
     leader=True,
@@ -21,8 +32,8 @@ STATUS = LeaderStatus(
 
 
 def test_the_encoded_answer_is_to_json() -> None:
-    assert json.loads(STATUS.encoded()) == STATUS.to_json()
-    assert STATUS.encoded() == json.dumps(STATUS.to_json()).encode()
+    assert json.loads(STATUS.body) == STATUS.to_json()
+    assert STATUS.body == json.dumps(STATUS.to_json()).encode()
 
 
 def test_every_field_that_changes_changes_the_bytes() -> None:
@@ -33,10 +44,34 @@ def test_every_field_that_changes_changes_the_bytes() -> None:
     }  # fmt: skip
     for field, value in changes.items():
         changed = dataclasses.replace(STATUS, **{field: value})
-        assert changed.encoded() != STATUS.encoded(), field
-        assert json.loads(changed.encoded()) == changed.to_json(), field
+        assert changed.body != STATUS.body, field
+        assert json.loads(changed.body) == changed.to_json(), field
 
 
-def test_the_same_millisecond_is_the_same_answer() -> None:
-    later = dataclasses.replace(STATUS, valid_for=STATUS.valid_for - 0.00001)
-    assert later.encoded() is STATUS.encoded()
+async def test_the_same_millisecond_is_the_same_answer() -> None:
+    clock = FakeClock()
+    elector = Elector(
+        StrictStore(MemoryLeaseState()),
+        TIMING,
+        "a_0000",
+        "jobs",
+        metrics=Metrics(CollectorRegistry(), "jobs", TIMING.lease_duration),
+        clock=clock,
+    )
+    before = elector.status()
+    assert before.starting
+    await elector.step()
+    first = elector.status()
+    assert first.leader
+    assert not first.starting
+    assert elector.status() is first  # the bytes too: encoded once
+    seen = []
+    for _ in range(1000):  # 10 ms in steps of 10 µs
+        clock.advance(0.00001)
+        status = elector.status()
+        if status is not (seen[-1] if seen else first):
+            seen.append(status)
+    assert len(seen) in (10, 11), [s.valid_for for s in seen]
+    assert len({s.body for s in seen}) == len(seen)
+    clock.advance(TIMING.lease_duration)  # past the deadline: a follower now
+    assert elector.status().leader is False
