@@ -20,6 +20,7 @@ from sidecar.app_check import Heartbeat
 from sidecar.backends.base import is_hold
 from sidecar.changes import ChangeFeed
 from sidecar.clock import iso_utc
+from sidecar.connection import held, holding
 from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
@@ -38,9 +39,6 @@ CHANGES = web.AppKey("changes", ChangeFeed)
 LONG_POLLS = web.AppKey("long_polls", Slots)
 EVENT_STREAMS = web.AppKey("event_streams", Slots)
 SCRUB: web.AppKey[Callable[[str], str]] = web.AppKey("scrub")
-GONE = web.RequestKey("gone", asyncio.Event)
-"""Set when the client's connection is lost (`sidecar.listener` puts it on every request it
-serves; absent elsewhere, e.g. under a test server)."""
 RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
 HEARTBEAT = web.AppKey("heartbeat", Heartbeat)
 POD_NAME: web.AppKey[str] = web.AppKey("pod_name")
@@ -143,13 +141,11 @@ async def _leader_answer(request: web.Request, elector: Elector) -> web.Response
     if isinstance(wait, web.Response):
         return wait
     slots = request.app[LONG_POLLS]
-    with slots.take(request.remote) as granted:
+    with slots.take(request.remote) as granted, held(request) as gone:
         if not granted:
             return _refused_long_poll(request, slots)
         etag = request.headers["If-None-Match"].strip()
-        status = await request.app[CHANGES].wait(
-            elector.status, lambda s: s.etag, etag, wait, request.get(GONE)
-        )
+        status = await request.app[CHANGES].wait(elector.status, lambda s: s.etag, etag, wait, gone)
     return status_response(status)
 
 
@@ -170,18 +166,18 @@ async def get_leases(request: web.Request) -> web.Response:
     statuses = leases.statuses()
     if wait is not None:
         slots = request.app[LONG_POLLS]
-        with slots.take(request.remote) as granted:
+        with slots.take(request.remote) as granted, held(request) as gone:
             if not granted:
                 return _refused_long_poll(request, slots)
             etag = request.headers["If-None-Match"].strip()
-            statuses = await request.app[CHANGES].wait(
-                leases.statuses, _set_etag, etag, wait, request.get(GONE)
-            )
+            statuses = await request.app[CHANGES].wait(leases.statuses, _set_etag, etag, wait, gone)
+    with held(request):  # the first answer waits for a read of the store
+        candidates = await _candidates(leases)
     body = {
         "identity": leases.identity,
         "held": sum(1 for status in statuses if status.leader),
         "leases": [status.to_json() for status in statuses],
-        "candidates": await _candidates(leases),
+        "candidates": candidates,
     }
     return web.json_response(
         body, headers={"ETag": _set_etag(statuses), "Cache-Control": "no-store"}
@@ -209,13 +205,13 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: every lease's state on connect, then each lease whose state
     changed, keep-alives between."""
     slots = request.app[EVENT_STREAMS]
-    with slots.take() as granted:
+    with slots.take() as granted, held(request) as gone:
         if not granted:
             return too_busy("event streams", slots.limit)
-        return await _stream_events(request)
+        return await _stream_events(request, gone)
 
 
-async def _stream_events(request: web.Request) -> web.StreamResponse:
+async def _stream_events(request: web.Request, gone: asyncio.Event | None) -> web.StreamResponse:
     leases = request.app[LEASES]
     changes = request.app[CHANGES]
     response = web.StreamResponse(
@@ -227,7 +223,6 @@ async def _stream_events(request: web.Request) -> web.StreamResponse:
     )
     await response.prepare(request)
     statuses = leases.statuses()
-    gone = request.get(GONE)
     try:
         await response.write(b"".join(_sse(status) for status in statuses))
         while gone is None or not gone.is_set():
@@ -293,6 +288,7 @@ def _refused(request: web.Request, what: str) -> web.Response | None:
     return _error(403, refusal)
 
 
+@holding
 async def post_release(request: web.Request) -> web.Response:
     """Step down now (rule 7): the lease named in the body (``{"lease": ...}``), else every
     lease this replica holds. Answers the state after stepping down. Refused (403) unless
@@ -315,6 +311,7 @@ async def post_release(request: web.Request) -> web.Response:
     return web.json_response(result, status=200, headers={"Cache-Control": "no-store"})
 
 
+@holding
 async def post_transfer(request: web.Request) -> web.Response:
     """Hand leadership to another replica now: ``{"to": "<identity or pod name>"|"any",
     "lease": "<name>"}`` (lease optional: every lease held). The leader demotes, then

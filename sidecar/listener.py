@@ -5,7 +5,8 @@ We accept connections ourselves instead of through ``TCPSite`` for two reasons. 
 accept loop, out of file descriptors (EMFILE), logs an error for every retry and schedules a
 retry per attempt, so a connection flood turned into ~10,000 log lines a second; ours backs off
 and logs once in a while. And a connection past ``--max-connections`` gets a ready-made ``503``
-and is closed before aiohttp spends anything on it.
+and is closed before aiohttp spends anything on it. Each accepted connection is a
+`sidecar.connection.Connection` in front of aiohttp's handler.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import functools
 import logging
 import resource
 import socket
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from sidecar.api import EVENT_STREAMS, GONE, LONG_POLLS
+from sidecar.api import EVENT_STREAMS, LONG_POLLS
 from sidecar.binding import Bound, bind_all
+from sidecar.connection import Connection
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits
 from sidecar.logs import Throttle, log
 from sidecar.options import HostPort
@@ -41,8 +42,9 @@ LINGER_SECONDS = 1.0  # reading an unread request body after the answer, before 
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_MIN = 0.05
 ACCEPT_BACKOFF_MAX = 1.0
-# At the connection limit, a connection idle this long may be closed to make room. Shorter
-# would let a flood of fresh connections churn through the slots (memory, CPU).
+# At the connection limit, a connection quiet this long (no request held, none received and
+# no answer sent) may be closed to make room. Shorter would let a flood of fresh connections
+# churn through the slots (memory, CPU).
 EVICT_IDLE_SECONDS = 1.0
 
 _BUSY_BODY = b'{"error": "too many connections to this listener; retry later"}\n'
@@ -115,76 +117,6 @@ def open_files_shortfall(limits: Limits, listeners: int = 2) -> int | None:
     return needed - soft
 
 
-class _Connection(asyncio.Protocol):
-    """Stands between the transport and aiohttp's handler: counts the connection while it is
-    open, closes it if no complete request head arrives within the idle timeout (slowloris;
-    after the first request aiohttp's keep-alive timeout takes over), and knows whether a
-    request is in progress, so the listener can close a quiet one to make room."""
-
-    def __init__(self, inner: asyncio.Protocol, listener: Listener) -> None:
-        self.inner = inner
-        self._listener = listener
-        self._transport: asyncio.BaseTransport | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
-        self.made = False
-        self.busy = False  # a request is being handled
-        self.made_at = float("inf")  # loop time of connecting
-        self.idle_since = float("inf")  # loop time of connecting or of the last answer
-        self.evicted = False
-        # Set when the client goes away: a handler holding its request (a long-poll) stops
-        # waiting and frees its slot (`sidecar.api`), instead of waiting out its ``wait=``.
-        self.gone = asyncio.Event()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.made = True
-        self._transport = transport
-        loop = asyncio.get_running_loop()
-        self.made_at = self.idle_since = loop.time()
-        self._head_timer = loop.call_later(self._listener.limits.idle_timeout, self._too_slow)
-        self._listener.connections[transport] = self
-        self.inner.connection_made(transport)
-
-    def request_started(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def close_for_room(self) -> bool:
-        """Abort this connection now and stop counting it (its connection_lost follows)."""
-        if not isinstance(self._transport, asyncio.Transport) or self.evicted:
-            return False
-        self.evicted = True
-        self._listener.admitted -= 1
-        self._transport.abort()
-        return True
-
-    def _too_slow(self) -> None:
-        self._head_timer = None
-        self._listener.slow_closed += 1
-        if isinstance(self._transport, asyncio.Transport):
-            self._transport.abort()
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.gone.set()
-        self.request_started()  # cancels the timer
-        self._listener.connections.pop(self._transport, None)  # type: ignore[arg-type]
-        if not self.evicted:  # an evicted one stopped counting when it was chosen
-            self._listener.admitted -= 1
-        self.inner.connection_lost(exc)
-
-
 class Listener:
     """``start`` binds and accepts; ``stop`` stops accepting (the runner closes connections)."""
 
@@ -194,7 +126,7 @@ class Listener:
         self.limits = limits
         self.runner = self._runner(app)
         self._retired: list[web.AppRunner] = []  # the apps served before (`serve`)
-        self.connections: dict[asyncio.BaseTransport, _Connection] = {}
+        self.connections: dict[asyncio.BaseTransport, Connection] = {}
         self.admitted = 0  # accepted and not yet closed, including those being set up
         self.refused = 0  # connections answered 503 at the ceiling
         self.evicted = 0  # idle connections closed at the ceiling to make room
@@ -206,7 +138,6 @@ class Listener:
         self._accept_log = Throttle()
 
     def _runner(self, app: web.Application) -> web.AppRunner:
-        app.middlewares.append(self._mark_request_started)
         return web.AppRunner(
             app, access_log=None, shutdown_timeout=0.2, **handler_args(self.limits)
         )
@@ -265,22 +196,6 @@ class Listener:
         for runner in self._retired:
             await runner.cleanup()
 
-    @web.middleware
-    async def _mark_request_started(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        connection = self.connections.get(request.transport)  # type: ignore[arg-type]
-        if connection is None:
-            return await handler(request)
-        connection.request_started()
-        request[GONE] = connection.gone
-        connection.busy = True
-        try:
-            return await handler(request)
-        finally:
-            connection.busy = False
-            connection.idle_since = asyncio.get_running_loop().time()
-
     async def _accept_forever(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         backoff = ACCEPT_BACKOFF_MIN
@@ -322,7 +237,7 @@ class Listener:
         # Counted from here until its connection_lost (or a failed set-up), so that sockets
         # still being wrapped count too, and none twice.
         self.admitted += 1
-        protocol = _Connection(server(), self)
+        protocol = Connection(server(), self)
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, conn))
         self._pending.add(task)
@@ -337,14 +252,12 @@ class Listener:
         for connection in self.connections.values():  # in the order they connected
             if connection.made_at > quiet_since:
                 break  # this one and every later one are too new: a fresh flood gets the 503
-            if connection.idle_since > quiet_since:
-                continue  # answered just now
-            if not connection.busy and connection.close_for_room():
+            if connection.quiet_since(quiet_since) and connection.close_for_room():
                 self.evicted += 1
                 return True
         return False
 
-    def _connected(self, protocol: _Connection, task: asyncio.Task[Any]) -> None:
+    def _connected(self, protocol: Connection, task: asyncio.Task[Any]) -> None:
         self._pending.discard(task)
         failed = task.cancelled() or task.exception() is not None
         if failed and not protocol.made:  # asyncio closed the socket; no connection_lost

@@ -34,6 +34,7 @@ from sidecar.api import (
     status_response,
 )
 from sidecar.app_check import Heartbeat
+from sidecar.connection import held
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.status import LeaderStatus
 
@@ -80,7 +81,11 @@ async def _answer(request: web.Request, status: LeaderStatus) -> web.Response:
     wait_text, etag = request.query.get("wait"), request.headers.get("If-None-Match")
     if wait_text is not None and etag is not None and etag.strip() == status.etag:
         slots = request.app[LONG_POLLS]
-        with slots.take(request.remote) as granted, contextlib.suppress(ValueError, TimeoutError):
+        with (
+            slots.take(request.remote) as granted,
+            held(request),
+            contextlib.suppress(ValueError, TimeoutError),
+        ):
             if granted:
                 wait = min(parse_wait(wait_text or "0"), MAX_WAIT)
                 async with asyncio.timeout(wait):

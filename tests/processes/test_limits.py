@@ -96,6 +96,35 @@ async def test_connections_that_never_finish_a_request_head_are_closed(tmp_path:
         await assert_still_leading(a, term)
 
 
+async def test_a_request_head_that_ends_in_a_later_read_is_not_closed_as_too_slow(
+    tmp_path: Path,
+) -> None:
+    """The idle timeout is for a head that never ends: one whose last line ends a read later
+    (even its final CR and LF apart) is a request, and its long-poll outlives the timeout."""
+    args = ["--idle-timeout", "1s"]
+    with sidecars(["a"], store_url(tmp_path), lease_duration=LEASE, args=args) as [a]:
+        term, etag = await until_leader(a)
+        request = raw_http.get("/leader?wait=2500ms", f"If-None-Match: {etag}")
+        assert request.endswith(b"\r\n\r\n")
+        ends = {"CR LF | CR LF": request[:-2], "CR LF CR | LF": request[:-1]}
+        streams = {}
+        for name, first in ends.items():
+            reader, writer = await raw_http.connect(a.local)
+            writer.write(first)
+            await writer.drain()
+            streams[name] = (reader, writer)
+        await asyncio.sleep(0.3)
+        for name, first in ends.items():
+            streams[name][1].write(request[len(first) :])
+        started = time.monotonic()
+        for name, (reader, _) in streams.items():
+            answer = await raw_http.read_head(reader, 10)
+            assert answer.status == 200, name
+        assert time.monotonic() - started > 2.0, "answered before its wait: not a held poll"
+        raw_http.close_all([writer for _, writer in streams.values()])
+        await assert_still_leading(a, term)
+
+
 async def test_at_the_connection_limit_the_oldest_idle_connection_makes_room(
     tmp_path: Path,
 ) -> None:
@@ -122,21 +151,31 @@ async def test_at_the_connection_limit_the_oldest_idle_connection_makes_room(
 
 
 async def test_when_every_connection_is_busy_a_new_one_gets_a_fast_503(tmp_path: Path) -> None:
+    """Requests that wait (long-polls on `/leader` and `/leases`, event streams) are never
+    closed to make room, however long they have been quiet."""
     args = ["--max-connections", "8"]
     with sidecars(["a"], store_url(tmp_path), lease_duration=LEASE, args=args) as [a]:
         term, etag = await until_leader(a)
-        polls = [await raw_http.connect(a.public) for _ in range(8)]
-        for _, writer in polls:
-            writer.write(raw_http.get("/leader?wait=30", f"If-None-Match: {etag}"))
-        await until_connections(a, "public", 8, long_polls=8)
+        leases = await raw_http.ask(a.local, raw_http.get("/leases"))
+        waits = [
+            *[raw_http.get("/leader?wait=30", f"If-None-Match: {etag}")] * 5,
+            *[raw_http.get("/leases?wait=30", f"If-None-Match: {leases.headers['etag']}")] * 2,
+            raw_http.get("/events"),
+        ]
+        held = [await raw_http.connect(a.local) for _ in waits]
+        for (_, writer), request in zip(held, waits, strict=True):
+            writer.write(request)
+        await until_connections(a, "local", 8, long_polls=7)
+        await asyncio.sleep(EVICT_IDLE_SECONDS)  # by the rule: quiet ones could make room now
         started = time.monotonic()
-        answer = await raw_http.ask(a.public, raw_http.get("/leader"))
+        answer = await raw_http.ask(a.local, raw_http.get("/leader"))
         assert answer.status == 503
         assert answer.headers["retry-after"] == "1"
         assert time.monotonic() - started < 1.0
-        raw_http.close_all([writer for _, writer in polls])
+        assert not any(await asyncio.gather(*(raw_http.closed_within(r, 0.2) for r, _ in held)))
+        raw_http.close_all([writer for _, writer in held])
         deadline = time.monotonic() + 5
-        while (await raw_http.ask(a.public, raw_http.get("/leader"))).status != 200:
+        while (await raw_http.ask(a.local, raw_http.get("/leader"))).status != 200:
             assert time.monotonic() < deadline, "slots not given back after the flood closed"
         await assert_still_leading(a, term)
 
