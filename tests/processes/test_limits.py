@@ -150,6 +150,31 @@ async def test_at_the_connection_limit_the_oldest_idle_connection_makes_room(
         await assert_still_leading(a, term)
 
 
+async def test_a_request_head_trickling_in_does_not_keep_its_connection_from_making_room(
+    tmp_path: Path,
+) -> None:
+    """Bytes of a head that never ends are not activity: at the limit, such connections are
+    the quiet ones, closed to make room before the idle timeout."""
+    args = ["--max-connections", "8", "--idle-timeout", "60s"]
+    with sidecars(["a"], store_url(tmp_path), lease_duration=LEASE, args=args) as [a]:
+        term, _ = await until_leader(a)
+        trickling = [await raw_http.connect(a.local) for _ in range(8)]
+        for _, writer in trickling:
+            writer.write(b"GET /leader HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        await until_connections(a, "local", 8)
+        started = time.monotonic()
+        while time.monotonic() - started < EVICT_IDLE_SECONDS + 0.5:
+            for _, writer in trickling:
+                writer.write(b"X")  # one more byte of a header line, never ended
+            await asyncio.sleep(0.1)
+        answer = await raw_http.ask(a.local, raw_http.get("/leader"))
+        assert answer.status == 200, "every slot kept by a head trickling in"
+        closed = await asyncio.gather(*(raw_http.closed_within(r, 2.0) for r, _ in trickling))
+        assert sum(closed) >= 1
+        raw_http.close_all([writer for _, writer in trickling])
+        await assert_still_leading(a, term)
+
+
 async def test_when_every_connection_is_busy_a_new_one_gets_a_fast_503(tmp_path: Path) -> None:
     """Requests that wait (long-polls on `/leader` and `/leases`, event streams) are never
     closed to make room, however long they have been quiet."""
