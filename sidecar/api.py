@@ -109,6 +109,8 @@ async def get_leader(request: web.Request) -> web.Response:
     leases = request.app[LEASES]
     if len(leases.electors) != 1:
         return _several_leases(leases)
+    if request.headers.get("If-None-Match") is None:  # the usual poll, on its shortest path
+        return status_response(leases.primary.status())
     return await _leader_answer(request, leases.primary)
 
 

@@ -28,10 +28,6 @@ from aiohttp import web
 if TYPE_CHECKING:
     from sidecar.listener import Listener
 
-# The end of a request head: an empty line (CRLF CRLF, or LF LF, which parsers accept too),
-# found even when it arrives split across reads (the last bytes of each read are kept).
-_HEAD_ENDS = (b"\n\r\n", b"\n\n")
-
 
 class Connection(asyncio.Protocol):
     def __init__(self, inner: asyncio.Protocol, listener: Listener) -> None:
@@ -40,7 +36,10 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.BaseTransport | None = None
         self._head_timer: asyncio.TimerHandle | None = None
-        self._head_tail = b""  # the last bytes read, while they did not end a head
+        # The end of a request head is an empty line (CRLF CRLF, or LF LF, which parsers accept
+        # too), found even when it arrives split across reads: the last two bytes of a read
+        # that did not end a head are kept.
+        self._head_tail = b""
         self.made = False
         self.held = 0  # requests in progress that said they wait (`held`)
         self.made_at = float("inf")  # loop time of connecting
@@ -91,21 +90,18 @@ class Connection(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _ends_a_head(self, data: bytes) -> bool:
-        """Whether ``data`` ends a request head (or, harmlessly, holds an empty line of a body).
-        A head still arriving is not activity: bytes trickled in must not keep a connection
-        from being closed to make room."""
-        seen = self._head_tail + data if self._head_tail else data
-        if _HEAD_ENDS[0] in seen or _HEAD_ENDS[1] in seen:
-            self._head_tail = b""
-            return True
-        self._head_tail = seen[-2:]
-        return False
-
     def data_received(self, data: bytes) -> None:
-        if self._ends_a_head(data):
+        # Activity is a read that ends a request head (or, harmlessly, holds an empty line of
+        # a body); a head still arriving is not: bytes trickled in must not keep a connection
+        # from being closed to make room. (Inline: this runs for every request.)
+        seen = self._head_tail + data if self._head_tail else data
+        if b"\n\r\n" in seen or b"\n\n" in seen:
+            self._head_tail = b""
             self.active_at = self._loop.time()
-            self._stop_head_timer()
+            if self._head_timer is not None:
+                self._stop_head_timer()
+        else:
+            self._head_tail = seen[-2:]
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
