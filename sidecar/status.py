@@ -44,9 +44,14 @@ class LeaderStatus:
 
     @functools.cached_property
     def body(self) -> bytes:
-        """``to_json`` as the bytes ``GET /leader`` sends, encoded once per status (the
-        elector hands out the same status while nothing in it changed)."""
-        return json.dumps(self.to_json()).encode()
+        """``to_json`` as the bytes ``GET /leader`` sends, once per status (the elector hands
+        out the same status while nothing in it changed). From one millisecond to the next
+        only ``valid_for_seconds`` changes: the rest is encoded once per answer around it."""
+        before, after = _around_valid_for(
+            self.leader, self.identity, self.holder, self.term, self.lease,
+            self.lease_duration, self.since, self.starting,
+        )  # fmt: skip
+        return before + repr(round(self.valid_for, 3)).encode() + after
 
     def to_json(self) -> dict[str, Any]:
         """``starting`` appears only while true: the answer of a sidecar at work is the same
@@ -64,6 +69,29 @@ class LeaderStatus:
         if self.starting:
             answer["starting"] = True
         return answer
+
+
+@functools.lru_cache(maxsize=16)
+def _around_valid_for(
+    leader: bool,
+    identity: str,
+    holder: str | None,
+    term: int,
+    lease: str,
+    lease_duration: float,
+    since: datetime | None,
+    starting: bool,
+) -> tuple[bytes, bytes]:
+    """`LeaderStatus.to_json`'s bytes before and after the value of ``valid_for_seconds``
+    (which ``json.dumps`` writes as ``repr`` of the float)."""
+    answer = LeaderStatus(
+        leader, identity, holder, term, lease, lease_duration, 0.0, since, starting
+    ).to_json()
+    keys = list(answer)
+    at = keys.index("valid_for_seconds")
+    head = json.dumps({key: answer[key] for key in keys[:at]})
+    tail = json.dumps({key: answer[key] for key in keys[at + 1 :]})
+    return (head[:-1] + ', "valid_for_seconds": ').encode(), (", " + tail[1:]).encode()
 
 
 @functools.lru_cache(maxsize=64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
@@ -75,3 +76,24 @@ async def test_the_same_millisecond_is_the_same_answer() -> None:
     assert len({s.body for s in seen}) == len(seen)
     clock.advance(TIMING.lease_duration)  # past the deadline: a follower now
     assert elector.status().leader is False
+
+
+def test_the_bytes_are_to_json_for_any_field_values() -> None:
+    """The bytes are put together around ``valid_for_seconds``: exactly ``json.dumps`` of
+    ``to_json`` still, whatever a store's record puts in the holder (quotes, newlines, the
+    key's own text, non-ASCII) and whatever the numbers."""
+    rng = random.Random(34)
+    names = ["a_0000", 'q"\\u0000\n', "é✓", '", "valid_for_seconds": 0.0, "x": "', ""]
+    for _ in range(5000):
+        status = LeaderStatus(
+            leader=rng.random() < 0.5,
+            identity=rng.choice(names),
+            holder=rng.choice([None, *names]),
+            term=rng.randrange(10**15),
+            lease=rng.choice(names),
+            lease_duration=rng.choice([15.0, 1.5, 0.25, 3600.0]),
+            valid_for=rng.random() * rng.choice([0.0, 0.001, 1.0, 15.0, 1e6]),
+            since=rng.choice([None, datetime(2026, 12, 4, 12, 0, 0, 123456, tzinfo=UTC)]),
+            starting=rng.random() < 0.3,
+        )
+        assert status.body == json.dumps(status.to_json()).encode(), status
