@@ -269,6 +269,23 @@ async def test_leadership_is_judged_at_the_moment_of_asking(world: World) -> Non
     assert a.role is Role.LEADER  # the loop has not run yet; the answer is right anyway
 
 
+async def test_a_status_handed_out_again_is_never_one_from_before_the_deadline(
+    world: World,
+) -> None:
+    """`status` hands out the one it built last while nothing in it changed: one asked in
+    the last half millisecond before the deadline (``valid_for`` rounds to 0) is not the
+    answer a moment after the deadline, however alike the rest."""
+    a = world.elector("a")
+    await a.step()
+    world.clock.advance(TIMING.lease_duration - MARGIN - 0.0002)
+    last_moment = a.status()
+    assert last_moment.leader
+    assert last_moment.valid_for == 0.0
+    world.clock.advance(0.0004)
+    assert not a.status().leader
+    assert a.role is Role.LEADER  # the loop has not run yet
+
+
 # -- rule 5: the term never goes back ----------------------------------------------------------
 
 
