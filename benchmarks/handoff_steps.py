@@ -1,6 +1,7 @@
 """Where a hand-off's milliseconds go, step by step, from stamps inside the processes.
 
     python -m benchmarks.handoff_steps --stores postgresql,etcd,zookeeper --trials 20
+    python -m benchmarks.handoff_steps --stores kubernetes,sqlite --trials 20
 
 The trial is `measures.handoff`'s (SIGTERM of the leader of three once the pool is quiet, until
 the successor leads; the signalled replica replaced), on `benchmarks.handoffs`' stores. The
@@ -12,12 +13,22 @@ profile's temporary change, never committed to the sidecar). The steps:
 - the leader's: ``signal`` (the handler), ``shutdown`` (`LeaseSet.shutdown` begins),
   ``candidates_read`` / ``candidates_read_done`` (the read before choosing, when it is done),
   ``chosen``, ``demoted`` (`release._release_locked` after `demote`), ``request`` (before the
-  hand-over's `Elector.request`), ``swap_sent`` (etcd, ZooKeeper: just before the swap goes
-  out), ``answered``;
-- the successor's: ``notified_raw`` (etcd: a watch line read, before it is parsed),
-  ``notified`` (the lease's notification: PostgreSQL's listener callback, etcd's event
-  decoded, ZooKeeper's watch event), ``read_sent`` / ``read_answered`` (ZooKeeper: the read
-  the event triggers), ``on_watch`` (`Elector.on_watch`), ``leads`` (`become_leader`);
+  hand-over's `Elector.request`), ``swap_sent`` (etcd, ZooKeeper, Kubernetes, SQLite: just
+  before the hand-over's write goes out), on SQLite the write on the connection's thread
+  (``job_started``, ``locked`` after ``BEGIN IMMEDIATE``, ``commit_sent`` before ``COMMIT``,
+  ``committed``) and the wake-up datagrams after it (``wake_begin``, ``wake_sent`` once every
+  peer's is sent), ``answered``;
+- the fake API server's (Kubernetes; its output, not a sidecar's): ``server_in`` (the
+  hand-over's PATCH handled from), ``server_done`` (its answer made), ``server_event`` (each
+  watch's event line, before it is written: the first, and the last before the successor
+  read its own);
+- the successor's: ``woken`` (SQLite: a wake-up datagram read), ``notified_raw`` (etcd,
+  Kubernetes: a watch line read, before it is parsed), ``look_sent`` / ``look_started``
+  (SQLite: the look submitted, begun on the connection's thread), ``notified`` (the lease's
+  notification: PostgreSQL's listener callback, etcd's and Kubernetes' event decoded,
+  ZooKeeper's watch event, SQLite's look back with changed rows), ``read_sent`` /
+  ``read_answered`` (ZooKeeper: the read the event triggers), ``on_watch``
+  (`Elector.on_watch`), ``leads`` (`become_leader`);
 - every process: ``call`` with ``op`` and ``took`` at the end of each `store_call`, whose
   renewals (one write with our client) give each store's round trip in the same run.
 
@@ -46,9 +57,13 @@ from benchmarks.measures import Pool
 from benchmarks.processes import compile_bytecode
 
 LEADER = ["sent", "signal", "shutdown", "candidates_read", "candidates_read_done", "chosen",
-          "demoted", "request", "swap_sent", "answered"]  # fmt: skip
-SUCCESSOR = ["request", "notified_raw", "notified", "read_sent", "read_answered", "on_watch",
-             "leads"]  # fmt: skip
+          "demoted", "request", "swap_sent", "server_in", "server_done", "job_started", "locked",
+          "commit_sent", "committed", "answered"]  # fmt: skip
+SUCCESSOR = ["request", "server_in", "server_event", "server_event_last", "committed",
+             "wake_begin", "woken", "notified_raw", "look_sent", "look_started", "notified",
+             "read_sent", "read_answered", "on_watch", "leads"]  # fmt: skip
+WRITE = ["job_started", "locked", "commit_sent", "committed"]  # SQLite's, on its thread
+ASIDE = [("wake_begin", "wake_sent")]  # SQLite: the datagrams to every peer (the first wakes)
 
 
 def _stamps(replica: Any, since: float) -> list[dict[str, Any]]:
@@ -59,7 +74,26 @@ def _first(stamps: list[dict[str, Any]], step: str, after: float) -> float | Non
     return next((float(e["at"]) for e in stamps if e["trace"] == step and e["at"] >= after), None)
 
 
-def steps_of(began: float, leader: Any, successor: Any) -> dict[str, float] | None:
+def _last(stamps: list[dict[str, Any]], step: str, after: float, before: float) -> float | None:
+    moments = [float(e["at"]) for e in stamps if e["trace"] == step and after <= e["at"] <= before]
+    return max(moments, default=None)
+
+
+def server_stamps(lines: list[str], since: float) -> list[dict[str, Any]]:
+    """The fake API server's stamps (its output lines), when it is the store."""
+    stamps = []
+    for line in list(lines):
+        if line.startswith('{"trace"'):
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry["at"] >= since:
+                    stamps.append(entry)
+    return stamps
+
+
+def steps_of(
+    began: float, leader: Any, successor: Any, server: list[dict[str, Any]] | None = None
+) -> dict[str, float] | None:
     """One trial's moments by step (wall clock), or None where a step is missing."""
     ours, theirs = _stamps(leader, began), _stamps(successor, began)
     at: dict[str, float] = {"sent": began}
@@ -76,14 +110,45 @@ def steps_of(began: float, leader: Any, successor: Any) -> dict[str, float] | No
     swap = _first(ours, "swap_sent", at["request"])
     if swap is not None and swap <= at["answered"]:
         at["swap_sent"] = swap
+    previous = at.get("swap_sent", at["request"])
+    for step in WRITE:  # the leader's write on its connection's thread, in order
+        moment = _first(ours, step, previous)
+        if moment is None or moment > at["answered"]:
+            break
+        at[step] = previous = moment
     notified = _first(theirs, "notified", at["request"])
     leads = _first(theirs, "leads", at["request"])
     if notified is None or leads is None:
         return None
     at["notified"], at["leads"] = notified, leads
-    raw = _first(theirs, "notified_raw", at["request"])
-    if raw is not None and raw <= notified:
-        at["notified_raw"] = raw
+    if server:  # the fake API server: the hand-over's write arriving, answered, its event out
+        arrived = _first(server, "server_in", at.get("swap_sent", at["request"]))
+        if arrived is not None and arrived <= notified:
+            at["server_in"] = arrived
+            done = _first(server, "server_done", arrived)
+            if done is not None and done <= at["answered"]:
+                at["server_done"] = done
+            event = _first(server, "server_event", arrived)
+            if event is not None and event <= notified:
+                at["server_event"] = event
+                # one event line per watch of the lease; the successor's is one of them
+                raw = _last(theirs, "notified_raw", event, notified) or notified
+                last = _last(server, "server_event", event, raw)
+                if last is not None and last > event:
+                    at["server_event_last"] = last
+    if "committed" in at:  # SQLite: the wake-up datagrams, sent after the commit
+        begin = _first(ours, "wake_begin", at["committed"])
+        wake = _first(ours, "wake_sent", begin or at["committed"])
+        if begin is not None and begin <= notified:
+            at["wake_begin"] = begin
+            if wake is not None:  # (after the first peer's: the successor may be woken first)
+                at["wake_sent"] = wake
+    # The successor's own steps before its notification: the last of each before it.
+    floor = at["request"]
+    for step in ("woken", "notified_raw", "look_sent", "look_started"):
+        moment = _last(theirs, step, floor, notified)
+        if moment is not None:
+            at[step] = floor = moment
     read_sent = _first(theirs, "read_sent", notified)
     if read_sent is not None and read_sent < leads:
         at["read_sent"] = read_sent
@@ -94,7 +159,7 @@ def steps_of(began: float, leader: Any, successor: Any) -> dict[str, float] | No
     return at
 
 
-async def one_trial(pool: Pool) -> dict[str, float] | None:
+async def one_trial(pool: Pool, server_lines: list[str] | None = None) -> dict[str, float] | None:
     first, leader = await pool.settle()
     await measures.quiet([pool])
     began = time.time()
@@ -110,7 +175,8 @@ async def one_trial(pool: Pool) -> dict[str, float] | None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         await asyncio.to_thread(leader.proc.wait, 10)
     await asyncio.sleep(0.05)  # the stderr readers catch up
-    at = steps_of(began, leader, pool.by_name(sample.name))
+    server = server_stamps(server_lines, began) if server_lines is not None else None
+    at = steps_of(began, leader, pool.by_name(sample.name), server)
     await pool.replace(leader)
     return at
 
@@ -122,6 +188,8 @@ async def one_store(name: str, trials: int, tmp: Path, proxies: bool) -> dict[st
     if proxies and name == "zookeeper":
         store.proxies = True  # type: ignore[attr-defined]  # through the harness's frame proxies
     everyone: list[Any] = []
+    fake = getattr(store, "fake", None)  # the fake API server's output, where it is the store
+    server_lines: list[str] | None = getattr(fake, "log", None)
     loads = [os.getloadavg()[0]]
     began = time.time()
     try:
@@ -138,7 +206,7 @@ async def one_store(name: str, trials: int, tmp: Path, proxies: bool) -> dict[st
             everyone.extend(pool.replicas)
             results = []
             for _ in range(trials):
-                results.append(await one_trial(pool))
+                results.append(await one_trial(pool, server_lines))
                 loads.append(os.getloadavg()[0])
     finally:
         store.close()
@@ -167,6 +235,9 @@ def report(name: str, data: dict[str, Any]) -> str:
         for order in (LEADER, SUCCESSOR):
             present = [s for s in order if s in t]
             for a, b in itertools.pairwise(present):
+                gaps.setdefault(f"{a} → {b}", []).append(t[b] - t[a])
+        for a, b in ASIDE:
+            if a in t and b in t:
                 gaps.setdefault(f"{a} → {b}", []).append(t[b] - t[a])
         gaps.setdefault("total: sent → leads", []).append(t["leads"] - t["sent"])
     for label, values in gaps.items():
