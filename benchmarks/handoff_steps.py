@@ -10,6 +10,7 @@ time.time(), ...}``: they are not in the sidecar, but in `benchmarks/handoff_sta
 (``git apply benchmarks/handoff_stamps.patch`` before the run, ``git apply -R`` after; a
 profile's temporary change, never committed to the sidecar). The steps:
 
+- the harness's: ``sent`` (before its ``kill``), ``killed`` (when the ``kill`` returned);
 - the leader's: ``signal`` (the handler), ``shutdown`` (`LeaseSet.shutdown` begins),
   ``candidates_read`` / ``candidates_read_done`` (the read before choosing, when it is done),
   ``chosen``, ``demoted`` (`release._release_locked` after `demote`), ``request`` (before the
@@ -56,9 +57,9 @@ from benchmarks.handoffs import STORES
 from benchmarks.measures import Pool
 from benchmarks.processes import compile_bytecode
 
-LEADER = ["sent", "signal", "shutdown", "candidates_read", "candidates_read_done", "chosen",
-          "demoted", "request", "swap_sent", "server_in", "server_done", "job_started", "locked",
-          "commit_sent", "committed", "answered"]  # fmt: skip
+LEADER = ["sent", "killed", "signal", "shutdown", "candidates_read", "candidates_read_done",
+          "chosen", "demoted", "request", "swap_sent", "server_in", "server_done", "job_started",
+          "locked", "commit_sent", "committed", "answered"]  # fmt: skip
 SUCCESSOR = ["request", "server_in", "server_event", "server_event_last", "committed",
              "wake_begin", "woken", "notified_raw", "look_sent", "look_started", "notified",
              "read_sent", "read_answered", "on_watch", "leads"]  # fmt: skip
@@ -92,11 +93,18 @@ def server_stamps(lines: list[str], since: float) -> list[dict[str, Any]]:
 
 
 def steps_of(
-    began: float, leader: Any, successor: Any, server: list[dict[str, Any]] | None = None
+    began: float,
+    leader: Any,
+    successor: Any,
+    server: list[dict[str, Any]] | None = None,
+    killed: float | None = None,
 ) -> dict[str, float] | None:
-    """One trial's moments by step (wall clock), or None where a step is missing."""
+    """One trial's moments by step (wall clock), or None where a step is missing. ``killed``:
+    when the harness's ``kill`` returned (``sent`` is just before it)."""
     ours, theirs = _stamps(leader, began), _stamps(successor, began)
     at: dict[str, float] = {"sent": began}
+    if killed is not None:
+        at["killed"] = killed
     previous = began
     for step in ("signal", "shutdown", "chosen", "demoted", "request", "answered"):
         moment = _first(ours, step, previous)
@@ -164,6 +172,7 @@ async def one_trial(pool: Pool, server_lines: list[str] | None = None) -> dict[s
     await measures.quiet([pool])
     began = time.time()
     leader.signal(signal.SIGTERM)
+    killed = time.time()
     try:
         sample = await pool.observer.wait_for(
             lambda s: s.leader and s.name != first.name and s.sent >= began,
@@ -176,7 +185,7 @@ async def one_trial(pool: Pool, server_lines: list[str] | None = None) -> dict[s
         await asyncio.to_thread(leader.proc.wait, 10)
     await asyncio.sleep(0.05)  # the stderr readers catch up
     server = server_stamps(server_lines, began) if server_lines is not None else None
-    at = steps_of(began, leader, pool.by_name(sample.name), server)
+    at = steps_of(began, leader, pool.by_name(sample.name), server, killed)
     await pool.replace(leader)
     return at
 
