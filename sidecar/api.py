@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +16,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from sidecar import bounded_json
+from sidecar.api_shared import (
+    EVENT_STREAMS,
+    HEALTH,
+    HEARTBEAT,
+    LONG_POLLS,
+    MAX_WAIT,
+    SCRUB,
+    count_heartbeat,
+    get_healthz,
+    parse_wait,
+    status_response,
+)
 from sidecar.app_check import Heartbeat
 from sidecar.backends.base import is_hold
 from sidecar.changes import ChangeFeed
@@ -25,7 +37,6 @@ from sidecar.elector import Elector
 from sidecar.lease_set import LeaseSet, TransferRefused
 from sidecar.limits import DEFAULT_LIMITS, RETRY_AFTER_SECONDS, Limits, Slots
 from sidecar.logs import Throttle, log
-from sidecar.options import duration_seconds
 from sidecar.release_guard import release_refusal
 from sidecar.status import LeaderStatus
 from sidecar.supervisor import Supervisor
@@ -33,36 +44,12 @@ from sidecar.supervisor import Supervisor
 logger = logging.getLogger("sidecar.api")
 
 LEASES = web.AppKey("leases", LeaseSet)
-HEALTH: web.AppKey[Callable[[], dict[str, str]]] = web.AppKey("health")
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 CHANGES = web.AppKey("changes", ChangeFeed)
-LONG_POLLS = web.AppKey("long_polls", Slots)
-EVENT_STREAMS = web.AppKey("event_streams", Slots)
-SCRUB: web.AppKey[Callable[[str], str]] = web.AppKey("scrub")
 RELEASE_REFUSALS = web.AppKey("release_refusals", Throttle)
-HEARTBEAT = web.AppKey("heartbeat", Heartbeat)
 POD_NAME: web.AppKey[str] = web.AppKey("pod_name")
 
-JSON = "application/json; charset=utf-8"  # what web.json_response sends
-MAX_WAIT = 300.0  # longest long-poll; longer waits are cut to this
 SSE_KEEPALIVE = 15.0
-_WAIT_HELP = "wait must be 0 or a duration in ASCII digits such as 30, 1.5, 500ms, 2s or 1m"
-
-
-def parse_wait(text: str) -> float:
-    """``wait=`` → seconds, 0 included, in bounded time (see `duration_seconds`)."""
-    seconds = duration_seconds(text)
-    if seconds is None:
-        raise ValueError(_WAIT_HELP)
-    return seconds
-
-
-def status_response(status: LeaderStatus) -> web.Response:
-    return web.Response(
-        body=status.body,
-        status=200 if status.leader else 503,
-        headers={"Content-Type": JSON, "ETag": status.etag, "Cache-Control": "no-store"},
-    )
 
 
 def too_busy(what: str, limit: int, where: str = "on this listener") -> web.Response:
@@ -372,44 +359,6 @@ async def get_root(request: web.Request) -> web.Response:
     if granted is not None:
         body["last_update"] = granted
     return web.json_response(body, headers={"Cache-Control": "no-store"})
-
-
-@web.middleware
-async def count_heartbeat(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Every call of the app to the localhost API is its heartbeat (``--app-heartbeat``); a
-    long-poll or an event stream counts for as long as it is held open."""
-    heartbeat = request.app[HEARTBEAT]
-    held = request.path == "/events" or (
-        "wait" in request.query and "If-None-Match" in request.headers
-    )
-    heartbeat.begin(held)
-    try:
-        return await handler(request)
-    finally:
-        heartbeat.end(held)
-
-
-async def get_healthz(request: web.Request) -> web.Response:
-    """Alive: this answer proves the listeners' loop runs; the election task must run too,
-    and no background task may be down (waiting to be restarted after a failure: see
-    `sidecar.supervisor`). ``503`` names what is down, so the kubelet restarts a sidecar
-    whose task keeps failing."""
-    down = request.app[HEALTH]()
-    if not down:
-        return web.json_response({"ok": True})
-    scrub = request.app[SCRUB]
-    names = ", ".join(sorted(down))
-    return web.json_response(
-        {
-            "ok": False,
-            "error": f"down: {names}",
-            "down": {name: scrub(error) for name, error in sorted(down.items())},
-        },
-        status=503,
-        headers={"Cache-Control": "no-store"},
-    )
 
 
 async def get_readyz(request: web.Request) -> web.Response:

@@ -8,24 +8,19 @@ import contextlib
 import gc
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.api import create_local_app, create_public_app
 from sidecar.api_thread import ApiThread
 from sidecar.app_check import CHECK_OUTCOMES, AppCheck, Heartbeat
-from sidecar.backends import open_client
-from sidecar.backends.base import LeaseStore, StoreClient
 from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
 from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config
 from sidecar.config_error import ConfigError
 from sidecar.demotion import Action, ActionRunner, SignalApp, Webhook
-from sidecar.elector import Elector
-from sidecar.lease_set import LeaseSet
 from sidecar.listener import Listener, open_files_shortfall
 from sidecar.logs import log
 from sidecar.metrics import AppMetrics, Metrics, for_config
@@ -36,8 +31,15 @@ from sidecar.starting_api import (
     starting_statuses,
     store_open,
 )
-from sidecar.status import GapAlert
 from sidecar.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from sidecar.backends.base import LeaseStore, StoreClient
+    from sidecar.status import GapAlert
+
+# The electors, the lease set, the API at work and the store's client are imported where the
+# store is opened (`Sidecar.open`), after the listeners' first answer: importing them is most
+# of what a start would otherwise spend on our own code before it.
 
 logger = logging.getLogger("sidecar")
 
@@ -104,9 +106,14 @@ class Sidecar:
         does it once the listeners answer. Raises `ConfigError` for what only the client can
         check (a TLS file that does not load, a driver that does not import)."""
         if not self._opened:
+            from sidecar.backends import open_client
+
             self._open(None, open_client(self.config, self.supervisor))
 
     def _open(self, store: LeaseStore | None, client: StoreClient | None) -> None:
+        from sidecar.elector import Elector
+        from sidecar.lease_set import LeaseSet
+
         config, timing, clock = self.config, self.config.timing, self._clock
         made, make = self._metrics, self._metrics_of
 
@@ -325,6 +332,8 @@ class Sidecar:
         return self.app_check.heartbeat
 
     def _apps(self) -> tuple[web.Application, web.Application]:
+        from sidecar.api import create_local_app, create_public_app
+
         limits = self.config.limits
         local = create_local_app(
             self.leases,

@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from sidecar.api import EVENT_STREAMS, LONG_POLLS
+from sidecar.api_shared import EVENT_STREAMS, LONG_POLLS
 from sidecar.binding import Bound, bind_all
 from sidecar.connection import Connection
 from sidecar.limits import RETRY_AFTER_SECONDS, Limits

@@ -13,10 +13,10 @@ import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.backends.base import Candidate, LeaseRecord
 from sidecar.logs import Throttle, log
 
 if TYPE_CHECKING:
+    from sidecar.backends.base import Candidate, LeaseRecord
     from sidecar.config import Config
 
 records_logger = logging.getLogger("sidecar.records")

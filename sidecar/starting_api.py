@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from sidecar.api import (
+from sidecar.api_shared import (
     EVENT_STREAMS,
     HEALTH,
     HEARTBEAT,
