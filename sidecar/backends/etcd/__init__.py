@@ -18,19 +18,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.backends.etcd.target import EtcdTarget, parse_target, settings_of
 from sidecar.backends.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
     from sidecar.backends.etcd.client import EtcdLeaseStore, EtcdStoreClient
     from sidecar.backends.etcd.store import EtcdLease
+    from sidecar.backends.etcd.target import EtcdTarget, parse_target
     from sidecar.supervisor import Supervisor
 
 _LAZY = {
     "EtcdStoreClient": "sidecar.backends.etcd.client",
     "EtcdLease": "sidecar.backends.etcd.store",
     "EtcdLeaseStore": "sidecar.backends.etcd.client",
+    "EtcdTarget": "sidecar.backends.etcd.target",
+    "parse_target": "sidecar.backends.etcd.target",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -50,6 +52,8 @@ __all__ = [
 def target_of(config: StoreConfig) -> EtcdTarget:
     """The cluster of ``--store etcd://…`` or ``etcds://…`` and the ``--etcd-*`` flags; its
     TLS files are loaded now, so a wrong one stops the sidecar at start-up."""
+    from sidecar.backends.etcd.target import parse_target, settings_of
+
     settings = settings_of(config)
     target = parse_target(config.store, **settings.flags())
     target.ssl_context()

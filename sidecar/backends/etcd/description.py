@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.description import Store, StoreConfig, WrongForm
 from sidecar.backends.endpoints import netloc_ok
-from sidecar.backends.etcd.target import EtcdSettings
 from sidecar.backends.kit.credentials import check_credentials, credential_options, credentials_of
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
+    from sidecar.backends.etcd.target import EtcdSettings
     from sidecar.supervisor import Supervisor
 
 OPTIONS = credential_options(
@@ -36,6 +36,8 @@ def check_options(values: Mapping[str, Any], store: str) -> None:
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> EtcdSettings:
+    from sidecar.backends.etcd.target import EtcdSettings
+
     return credentials_of(values, "etcd", EtcdSettings)
 
 

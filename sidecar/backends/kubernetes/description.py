@@ -15,12 +15,12 @@ from sidecar.backends.description import (
     WrongForm,
     check_files,
 )
-from sidecar.backends.kubernetes.settings import KubernetesSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_text
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
+    from sidecar.backends.kubernetes.settings import KubernetesSettings
     from sidecar.supervisor import Supervisor
 
 NAME = "kubernetes"
@@ -49,6 +49,8 @@ def check_options(values: Mapping[str, Any], store: str) -> None:
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> KubernetesSettings:
+    from sidecar.backends.kubernetes.settings import KubernetesSettings
+
     kubeconfig = values.get("kubeconfig") or environ.get("KUBECONFIG") or None
     if kubeconfig is None:
         return KubernetesSettings()
@@ -78,6 +80,8 @@ def _kubeconfig_namespace(source: str, kubeconfig: str) -> str | None:
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
     """Raises `ConfigError` for a kubeconfig that cannot work, as the configuration does when
     it reads it (`settings`)."""
+    from sidecar.backends.kubernetes.settings import KubernetesSettings
+
     settings = config.store_settings
     if isinstance(settings, KubernetesSettings) and settings.kubeconfig and not settings.read:
         _kubeconfig_namespace(settings.source, settings.kubeconfig)

@@ -34,12 +34,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.lazy import lazy_names
-from sidecar.backends.postgresql.target import PostgresTarget, parse_target
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
     from sidecar.backends.postgresql.client import PostgresLeaseStore, PostgresStoreClient
     from sidecar.backends.postgresql.lease import PostgresLease
+    from sidecar.backends.postgresql.target import PostgresTarget, parse_target
     from sidecar.supervisor import Supervisor
 
 # Imported when first used, not with the package: the driver (asyncpg) is an optional extra,
@@ -48,6 +48,8 @@ _LAZY = {
     "PostgresStoreClient": "sidecar.backends.postgresql.client",
     "PostgresLease": "sidecar.backends.postgresql.lease",
     "PostgresLeaseStore": "sidecar.backends.postgresql.client",
+    "PostgresTarget": "sidecar.backends.postgresql.target",
+    "parse_target": "sidecar.backends.postgresql.target",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -70,6 +72,7 @@ def open_postgresql_client(
     """The client for ``--store postgresql://…``, shared by every lease of the sidecar; its
     LISTEN session runs under ``supervisor``."""
     from sidecar.backends.postgresql.client import PostgresStoreClient
+    from sidecar.backends.postgresql.target import parse_target
 
     return PostgresStoreClient(
         parse_target(config.store),
@@ -82,6 +85,7 @@ def open_postgresql_client(
 def open_postgresql_store(config: StoreConfig) -> PostgresLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
     from sidecar.backends.postgresql.client import PostgresLeaseStore
+    from sidecar.backends.postgresql.target import parse_target
 
     return PostgresLeaseStore(
         parse_target(config.store),

@@ -7,23 +7,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.description import Command, Store, StoreConfig
-from sidecar.backends.postgresql.target import (
-    EXTRA,
-    INSTALL,
-    SCHEMES,
-    driver_absent,
-    missing_driver,
-    parse_target,
-)
 from sidecar.config_error import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
 
+SCHEMES = ("postgresql", "postgres")
+EXTRA = "postgresql"  # pyproject.toml's [project.optional-dependencies]
+INSTALL = f"pip install 'leader-sidecar[{EXTRA}]'"
+
 
 def check_url(url: str) -> str:
     """The URL as libpq would take it, its TLS files loaded, and the driver installed."""
+    from sidecar.backends.postgresql.target import driver_absent, parse_target
+
     try:
         parse_target(url)
     except ConfigError as exc:
@@ -36,6 +34,8 @@ def check_url(url: str) -> str:
 def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: bool) -> StoreClient:
     """Imports the driver first: one found but broken stops the sidecar with the line a
     missing one does (`check_url`), not a traceback."""
+    from sidecar.backends.postgresql.target import missing_driver
+
     if reason := missing_driver():
         raise ConfigError("--store", config.store, reason)
     from sidecar.backends.postgresql import open_postgresql_client

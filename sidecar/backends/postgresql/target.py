@@ -14,10 +14,9 @@ import urllib.parse
 from pathlib import Path
 
 from sidecar.backends.endpoints import is_host_port, port_ok
+from sidecar.backends.postgresql.description import INSTALL, SCHEMES
 from sidecar.backends.tls import TlsFileError, ca_context, load_pair
 from sidecar.config_error import ConfigError
-
-SCHEMES = ("postgresql", "postgres")
 
 # The parameters asyncpg understands in a URL; anything else it would send to the server as a
 # setting, which fails every connection later ("unrecognized configuration parameter").
@@ -35,8 +34,6 @@ FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl", "passfile")
 
 
 DRIVER = "asyncpg"
-EXTRA = "postgresql"  # pyproject.toml's [project.optional-dependencies]
-INSTALL = f"pip install 'leader-sidecar[{EXTRA}]'"
 
 
 NO_DRIVER = f"the PostgreSQL store needs its driver, {DRIVER}, which is not installed: {INSTALL}"

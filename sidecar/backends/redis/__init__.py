@@ -40,13 +40,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.lazy import lazy_names
-from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target, settings_of
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
     from sidecar.backends.redis.client import RedisLeaseStore, RedisStoreClient
     from sidecar.backends.redis.scripts import candidates_key, lease_keys
     from sidecar.backends.redis.store import RedisLease
+    from sidecar.backends.redis.target import RedisTarget, check_tls_files, parse_target
     from sidecar.supervisor import Supervisor
 
 _LAZY = {
@@ -55,6 +55,9 @@ _LAZY = {
     "RedisLeaseStore": "sidecar.backends.redis.client",
     "candidates_key": "sidecar.backends.redis.scripts",
     "lease_keys": "sidecar.backends.redis.scripts",
+    "RedisTarget": "sidecar.backends.redis.target",
+    "check_tls_files": "sidecar.backends.redis.target",
+    "parse_target": "sidecar.backends.redis.target",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -93,6 +96,8 @@ def open_redis_store(config: StoreConfig) -> RedisLeaseStore:
 
 
 def _target(config: StoreConfig) -> RedisTarget:
+    from sidecar.backends.redis.target import check_tls_files, parse_target, settings_of
+
     settings = settings_of(config)
     target = parse_target(
         config.store,
@@ -108,6 +113,8 @@ def _target(config: StoreConfig) -> RedisTarget:
 
 
 def _options(config: StoreConfig) -> dict[str, Any]:
+    from sidecar.backends.redis.target import settings_of
+
     return {
         "request_timeout": config.timing.request_timeout,
         "min_replicas": settings_of(config).min_replicas,

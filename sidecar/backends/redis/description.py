@@ -15,12 +15,12 @@ from sidecar.backends.description import (
     check_together,
 )
 from sidecar.backends.endpoints import netloc_ok
-from sidecar.backends.redis.target import RedisSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_count, parse_text
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
+    from sidecar.backends.redis.target import RedisSettings
     from sidecar.supervisor import Supervisor
 
 SCHEMES = ("redis", "rediss", "redis+sentinel")
@@ -77,6 +77,8 @@ def check_options(values: Mapping[str, Any], store: str) -> None:
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> RedisSettings:
+    from sidecar.backends.redis.target import RedisSettings
+
     return RedisSettings(
         username=values.get("redis_username"),
         password=values.get("redis_password"),

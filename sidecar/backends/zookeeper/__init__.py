@@ -19,17 +19,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.lazy import lazy_names
-from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target, target_of
 
 if TYPE_CHECKING:
     from sidecar.backends.description import StoreConfig
     from sidecar.backends.zookeeper.client import ZooKeeperLeaseStore, ZooKeeperStoreClient
     from sidecar.backends.zookeeper.store import ZooKeeperLease
+    from sidecar.backends.zookeeper.target import ZooKeeperTarget, parse_target
 
 _LAZY = {
     "ZooKeeperStoreClient": "sidecar.backends.zookeeper.client",
     "ZooKeeperLease": "sidecar.backends.zookeeper.store",
     "ZooKeeperLeaseStore": "sidecar.backends.zookeeper.client",
+    "ZooKeeperTarget": "sidecar.backends.zookeeper.target",
+    "parse_target": "sidecar.backends.zookeeper.target",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY)
@@ -48,6 +50,7 @@ __all__ = [
 def open_zookeeper_client(config: StoreConfig) -> ZooKeeperStoreClient:
     """The client shared by every lease of the sidecar."""
     from sidecar.backends.zookeeper.client import ZooKeeperStoreClient
+    from sidecar.backends.zookeeper.target import target_of
 
     return ZooKeeperStoreClient(target_of(config), request_timeout=config.timing.request_timeout)
 
@@ -55,6 +58,7 @@ def open_zookeeper_client(config: StoreConfig) -> ZooKeeperStoreClient:
 def open_zookeeper_store(config: StoreConfig) -> ZooKeeperLeaseStore:
     """The store of ``--lease`` alone, on a client of its own."""
     from sidecar.backends.zookeeper.client import ZooKeeperLeaseStore
+    from sidecar.backends.zookeeper.target import target_of
 
     return ZooKeeperLeaseStore(
         target_of(config), config.lease, request_timeout=config.timing.request_timeout

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.backends.description import Store, StoreConfig, WrongForm
 from sidecar.backends.kit.credentials import check_credentials, credential_options, credentials_of
-from sidecar.backends.zookeeper.target import ZooKeeperSettings, parse_target
 from sidecar.config_error import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
+    from sidecar.backends.zookeeper.target import ZooKeeperSettings
     from sidecar.supervisor import Supervisor
 
 
@@ -25,6 +25,8 @@ OPTIONS = credential_options(
 
 
 def check_url(url: str) -> str:
+    from sidecar.backends.zookeeper.target import parse_target
+
     try:
         parse_target(url)
     except ConfigError as exc:
@@ -37,6 +39,8 @@ def check_options(values: Mapping[str, Any], store: str) -> None:
 
 
 def settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> ZooKeeperSettings:
+    from sidecar.backends.zookeeper.target import ZooKeeperSettings
+
     return credentials_of(values, "zookeeper", ZooKeeperSettings)
 
 
