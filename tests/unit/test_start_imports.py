@@ -23,9 +23,19 @@ LIBRARIES = {
     "kubernetes": {"yaml"},
     "zookeeper": set(),
 }
-# What the configuration reads of every store: its description (and what that needs to check
-# a URL or an option).
-DESCRIPTION_MODULES = {"description", "target", "settings"}
+# What the configuration reads of every store: its description (the chosen store's target
+# too, to check its URL and options).
+DESCRIPTION_MODULES = {"description"}
+# Ours that the first answer does not need: the API at work, the electors and the lease set
+# come with the store's client, after the listeners answer.
+NOT_BEFORE_FIRST_ANSWER = {
+    "sidecar.api",
+    "sidecar.backends.base",
+    "sidecar.changes",
+    "sidecar.elector",
+    "sidecar.lease_set",
+    "sidecar.observed",
+}
 
 _PROBE = """
 import asyncio, json, sys
@@ -105,3 +115,49 @@ def test_a_sqlite_sidecar_started_and_stopped_imports_no_network_store_client(
     assert foreign(modules, "sqlite") == []
     assert {"redis", "asyncpg", "yaml"} & {m.split(".")[0] for m in modules} == set()
     assert "sidecar.backends.sqlite.client" in modules
+
+
+# Through the command line's own path: the moment the store is about to be opened, the
+# listeners answer; one ``GET /leader`` there, then what is imported, and out.
+_FIRST_ANSWER_PROBE = """
+import json, os, socket, sys
+from sidecar import app, cli
+
+def at_first_answer(self):
+    where = self.addresses["local"]
+    with socket.create_connection((where.host, where.port), timeout=10) as sock:
+        sock.sendall(b"GET /leader HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\\r\\n\\r\\n")
+    print(json.dumps({"status": head.split(b" ")[1].decode(), "body": json.loads(body),
+                      "modules": sorted(sys.modules)}), flush=True)
+    os._exit(0)
+
+app.Sidecar.open = at_first_answer
+cli.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("store", sorted(LIBRARIES))
+def test_the_first_answer_comes_before_the_elector_and_the_api_at_work_are_imported(
+    store: str, tmp_path: Path
+) -> None:
+    """``leader-sidecar`` answers its first ``GET /leader`` (503, starting) before it imports
+    the electors, the lease set and the API at work (they come with the store's client), and
+    with no other store's modules beyond its description: a start spends its CPU before the
+    first answer on what that answer needs."""
+    args = [*store_args(store, tmp_path), "--listen", "127.0.0.1:0",
+            "--public-listen", "127.0.0.1:0", "--log-level", "warning"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_ANSWER_PROBE, *args],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert (seen["status"], seen["body"]["starting"]) == ("503", True)
+    modules = set(seen["modules"])
+    assert sorted(NOT_BEFORE_FIRST_ANSWER & modules) == [], "imported before the first answer"
+    assert foreign(modules, store) == [], "another store's modules before the first answer"
