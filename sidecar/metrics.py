@@ -6,7 +6,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from fractions import Fraction
 from typing import TYPE_CHECKING, Protocol
 
 import prometheus_client.metrics
@@ -48,8 +47,22 @@ RECORD_KINDS = ("lease", "candidate")
 
 def gap_buckets(lease_duration: float) -> list[float]:
     """Bucket edges of the renewal-gap histogram for this lease; one is exactly lease / 2."""
-    lease = Fraction(repr(lease_duration))  # the decimal the user wrote, not the binary float
-    return [float(lease * n / d) for n, d in GAP_FRACTIONS]
+    # The decimal the user wrote, not the binary float.
+    numerator, denominator = decimal_ratio(repr(lease_duration))
+    return [numerator * n / (denominator * d) for n, d in GAP_FRACTIONS]
+
+
+def decimal_ratio(text: str) -> tuple[int, int]:
+    """A finite float's ``repr`` (``4.5``, ``1e-05``, ``1.5e+20``) as the exact ratio of two
+    integers. Their ``/`` rounds correctly, as `fractions.Fraction` does: the same edges,
+    without importing `fractions` (and `decimal`, ~2 ms) before the first answer."""
+    mantissa, _, exponent = text.partition("e")
+    whole, _, digits = mantissa.partition(".")
+    numerator, denominator = int(whole + digits), 10 ** len(digits)
+    shift = int(exponent or "0")
+    if shift >= 0:
+        return numerator * 10**shift, denominator
+    return numerator, denominator * 10**-shift
 
 
 class ScrapedState(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import subprocess
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from prometheus_client.utils import floatToGoString
 from sidecar import config
 from sidecar.backends.memory import MemoryLeaseState, MemoryLeaseStore
 from sidecar.elector import Elector
-from sidecar.metrics import Metrics, for_config
+from sidecar.metrics import GAP_FRACTIONS, Metrics, for_config, gap_buckets
 from sidecar.timing import Timing
 from tests.observability.fakes import FakeClock, FlakyStore
 from tests.support.tools import REPO, require_binary
@@ -362,3 +363,16 @@ def test_no_shipped_rule_or_dashboard_reads_a_name_kept_only_for_one_release() -
     notes = (REPO / "docs" / "operations.md").read_text()
     assert "### Renamed metrics" in notes
     assert "for this release only" in notes
+
+
+def test_gap_bucket_edges_are_those_of_exact_fractions() -> None:
+    """`gap_buckets` computes its edges with integers; they are exactly what
+    `fractions.Fraction` of the lease as written gives, for durations as typed and for
+    arbitrary floats (tiny, huge, with an exponent)."""
+    rng = random.Random(7)
+    leases = [0.001, 0.3, 1.0, 1.5, 2.0, 3.0, 4.5, 10.0, 15.0, 60.0, 3600.0, 1e-05, 1.5e20]
+    leases += [rng.uniform(0.001, 100.0) for _ in range(500)]
+    leases += [10 ** rng.uniform(-6, 22) for _ in range(500)]
+    for lease in leases:
+        exact = Fraction(repr(lease))
+        assert gap_buckets(lease) == [float(exact * n / d) for n, d in GAP_FRACTIONS], lease
