@@ -1,6 +1,7 @@
 """A sidecar imports only what its chosen store needs: another store's client library costs
 tens to hundreds of milliseconds of start-up (redis-py alone ~0.1-0.2 s here) and some MiB of
-memory, for nothing. Each check runs in a fresh interpreter and looks at ``sys.modules``."""
+memory, for nothing. And the first answer comes before what only the leases at work need (the
+electors, the API at work). Each check runs in a fresh interpreter and looks at ``sys.modules``."""
 
 from __future__ import annotations
 
