@@ -35,8 +35,6 @@ import prometheus_client; mark("import prometheus_client")
 import aiohttp.web; mark("import aiohttp.web")
 import sidecar.cli as cli; mark("import sidecar.cli")
 import sidecar.app as app; mark("import sidecar.app")
-import sidecar.lease_set as lease_set
-from sidecar.status import Role
 
 def done():
     print(json.dumps(stamps), flush=True)
@@ -53,19 +51,22 @@ def opened(self):
     mark("listeners started (first answer)")
     open_store(self)
     mark("store client, electors")
+    # (imported here, not above: the sidecar imports them after its first answer)
+    import sidecar.lease_set as lease_set
+    from sidecar.status import Role
+    prime = lease_set.LeaseSet.prime
+    async def primed(self, timeout):
+        mark("listeners serve the leases")
+        def led(transition):
+            if transition.role is Role.LEADER:
+                mark("first grant")
+                done()
+        for elector in self.electors.values():
+            elector.on_transition(led)
+        await prime(self, timeout)
+        asyncio.get_running_loop().call_later(3, done)
+    lease_set.LeaseSet.prime = primed
 app.Sidecar.open = opened
-prime = lease_set.LeaseSet.prime
-async def primed(self, timeout):
-    mark("listeners serve the leases")
-    def led(transition):
-        if transition.role is Role.LEADER:
-            mark("first grant")
-            done()
-    for elector in self.electors.values():
-        elector.on_transition(led)
-    await prime(self, timeout)
-    asyncio.get_running_loop().call_later(3, done)
-lease_set.LeaseSet.prime = primed
 cli.main(sys.argv[1:])
 """
 
