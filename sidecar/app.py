@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.api_thread import ApiThread
 from sidecar.app_check import CHECK_OUTCOMES, AppCheck, Heartbeat
-from sidecar.backends.description import NO_ACTIONS, ActionsContext, StoreActions
 from sidecar.binding import AddressError, ListenFailed
 from sidecar.clock import SYSTEM_CLOCK, Clock
 from sidecar.config import Config
@@ -34,6 +33,7 @@ from sidecar.starting_api import (
 from sidecar.supervisor import Supervisor
 
 if TYPE_CHECKING:
+    from sidecar.backends.actions import StoreActions
     from sidecar.backends.base import LeaseStore, StoreClient
     from sidecar.status import GapAlert
 
@@ -170,6 +170,8 @@ class Sidecar:
     def _store_actions(self) -> StoreActions:
         """What only the chosen store can do around a transition (on Kubernetes: relabel pods
         and record Events)."""
+        from sidecar.backends.actions import NO_ACTIONS, ActionsContext
+
         build = self.config.backend.actions
         if build is None:
             return NO_ACTIONS

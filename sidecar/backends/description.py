@@ -9,7 +9,7 @@ that the configuration can read every store's options and the embedded path stay
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,9 +17,8 @@ from sidecar.config_error import ConfigError
 from sidecar.options import Option
 
 if TYPE_CHECKING:
-    from sidecar.backends.base import LeaseStore, StoreClient
-    from sidecar.demotion import Action
-    from sidecar.status import GapAlert
+    from sidecar.backends.actions import ActionsContext, StoreActions
+    from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
     from sidecar.timing import Timing
 
@@ -71,34 +70,6 @@ class StoreConfig(Protocol):
     def pod_name(self) -> str | None: ...
     @property
     def role_label_key(self) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreActions:
-    """What only a store can do around a transition (on Kubernetes: relabel pods and record
-    Events). Each part is optional."""
-
-    on_transition: Sequence[Action] = ()
-    on_gap_alert: Callable[[GapAlert], Awaitable[None]] | None = None
-    """A renewal gap past half the lease."""
-    on_app_alone: Callable[[str, str | None], Awaitable[None]] | None = None
-    """A lease led with the app down and nobody to take it (lease, why)."""
-
-
-NO_ACTIONS = StoreActions()
-
-
-@dataclasses.dataclass(frozen=True)
-class ActionsContext:
-    """What a store's transition actions are built from."""
-
-    config: StoreConfig
-    store: LeaseStore
-    """The first lease's store."""
-    stores: Mapping[str, LeaseStore]
-    """Every lease's store, by the name users see."""
-    refusing: Callable[[], bool]
-    """The sidecar's one store probe says the store refuses: what can wait does not retry."""
 
 
 @dataclasses.dataclass(frozen=True)

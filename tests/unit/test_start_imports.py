@@ -31,6 +31,7 @@ DESCRIPTION_MODULES = {"description"}
 # come with the store's client, after the listeners answer.
 NOT_BEFORE_FIRST_ANSWER = {
     "sidecar.api",
+    "sidecar.backends.actions",
     "sidecar.backends.base",
     "sidecar.changes",
     "sidecar.elector",

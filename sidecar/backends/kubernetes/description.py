@@ -7,18 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sidecar.backends.description import (
-    ActionsContext,
-    Store,
-    StoreActions,
-    StoreConfig,
-    WrongForm,
-    check_files,
-)
+from sidecar.backends.description import Store, StoreConfig, WrongForm, check_files
 from sidecar.config_error import ConfigError
 from sidecar.options import Option, parse_text
 
 if TYPE_CHECKING:
+    from sidecar.backends.actions import ActionsContext, StoreActions
     from sidecar.backends.base import StoreClient
     from sidecar.backends.kubernetes.settings import KubernetesSettings
     from sidecar.supervisor import Supervisor
@@ -93,6 +87,7 @@ def open_client(config: StoreConfig, supervisor: Supervisor | None, read_only: b
 def actions(context: ActionsContext) -> StoreActions:
     """Relabel pods and record Events on every transition; a Warning Event for a renewal gap
     and for a lease led with the app down and nobody to take it."""
+    from sidecar.backends.actions import StoreActions
     from sidecar.backends.kubernetes.wiring import (
         app_alone_listener,
         demotion_actions,
