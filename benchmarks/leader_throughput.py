@@ -13,11 +13,9 @@ second move with how the scheduler shares the cores; the CPU per request moves m
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,17 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.processes import REPO, compile_bytecode
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from benchmarks.start_floor import _cpu, _free_port
 
 
 @dataclass
