@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sidecar.backends.base import LeaseStore
-    from sidecar.backends.description import StoreConfig
+    from sidecar.backends.store_config import StoreConfig
     from sidecar.demotion import Action
     from sidecar.status import GapAlert
 

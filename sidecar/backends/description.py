@@ -4,6 +4,9 @@ wiring and the redaction of secrets read these descriptions and name no store.
 
 A description is light: it imports its store's client only inside `Store.open_client`, so
 that the configuration can read every store's options and the embedded path stays light.
+
+`StoreConfig` and `StoreSettings` live in `sidecar.backends.store_config` (what a store's
+transition actions read too) and are named here as well.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from sidecar.backends.store_config import NO_SETTINGS as NO_SETTINGS  # named here too
+from sidecar.backends.store_config import StoreConfig as StoreConfig
+from sidecar.backends.store_config import StoreSettings as StoreSettings
 from sidecar.config_error import ConfigError
 from sidecar.options import Option
 
@@ -20,56 +26,11 @@ if TYPE_CHECKING:
     from sidecar.backends.actions import ActionsContext, StoreActions
     from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
-    from sidecar.timing import Timing
 
 
 class WrongForm(ValueError):
     """A ``--store`` URL of no form any store takes: the error lists every store's forms,
     after this exception's text when it has one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreSettings:
-    """The chosen store's own settings (its options, parsed and checked); a store with
-    options subclasses it."""
-
-    def secrets(self) -> tuple[str | None, ...]:
-        """The values to scrub from every log line and error (passwords)."""
-        return ()
-
-    @property
-    def namespace(self) -> str | None:
-        """The namespace the store's own configuration names (a kubeconfig context's), the
-        default of ``--namespace`` after ``POD_NAMESPACE``; None: it names none."""
-        return None
-
-
-NO_SETTINGS = StoreSettings()
-
-
-class StoreConfig(Protocol):
-    """What a store reads of the configuration (`sidecar.config.Config` is one)."""
-
-    @property
-    def store(self) -> str: ...
-    @property
-    def store_settings(self) -> StoreSettings: ...
-    @property
-    def lease(self) -> str: ...
-    @property
-    def lease_names(self) -> tuple[str, ...]: ...
-    @property
-    def candidate_group(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def identity(self) -> str: ...
-    @property
-    def timing(self) -> Timing: ...
-    @property
-    def pod_name(self) -> str | None: ...
-    @property
-    def role_label_key(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

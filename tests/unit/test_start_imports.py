@@ -26,7 +26,7 @@ LIBRARIES = {
 }
 # What the configuration reads of every store: its description (the chosen store's target
 # too, to check its URL and options).
-DESCRIPTION_MODULES = {"description"}
+DESCRIPTION_MODULES = {"description", "names"}  # (PostgreSQL's names: its schemes, its extra)
 # Ours that the first answer does not need: the API at work, the electors and the lease set
 # come with the store's client, after the listeners answer.
 NOT_BEFORE_FIRST_ANSWER = {

@@ -7,15 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.backends.description import Command, Store, StoreConfig
+from sidecar.backends.postgresql.names import EXTRA, INSTALL, SCHEMES
 from sidecar.config_error import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.backends.base import StoreClient
     from sidecar.supervisor import Supervisor
-
-SCHEMES = ("postgresql", "postgres")
-EXTRA = "postgresql"  # pyproject.toml's [project.optional-dependencies]
-INSTALL = f"pip install 'leader-sidecar[{EXTRA}]'"
 
 
 def check_url(url: str) -> str:

@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 from sidecar.backends.endpoints import is_host_port, port_ok
-from sidecar.backends.postgresql.description import INSTALL, SCHEMES
+from sidecar.backends.postgresql.names import INSTALL, SCHEMES
 from sidecar.backends.tls import TlsFileError, ca_context, load_pair
 from sidecar.config_error import ConfigError
 
